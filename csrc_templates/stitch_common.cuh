@@ -1,0 +1,136 @@
+// Device helpers shared by every stitched kernel: storage <-> compute conversions, vector memory
+// access, NaN-propagating min/max, row and block reductions, and the one-shot grid barrier.
+// Storage types: float32 -> float, bfloat16/float16 -> unsigned short (bits), int32 -> int,
+// bool -> unsigned char. Half types are computed in float and rounded on store, like XLA with
+// excess precision allowed.
+#define JS_INF __int_as_float(0x7f800000)
+#define JS_NAN __int_as_float(0x7fc00000)
+#define JS_INT_MAX 2147483647
+#define JS_INT_MIN (-2147483647 - 1)
+
+struct js_bf16 { unsigned short bits; };
+struct js_f16 { unsigned short bits; };
+
+__device__ __forceinline__ float js_to_float(js_bf16 h) { return __uint_as_float(((unsigned int)h.bits) << 16); }
+__device__ __forceinline__ float js_to_float(js_f16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits)); return f; }
+__device__ __forceinline__ float js_to_float(float f) { return f; }
+
+__device__ __forceinline__ float js_round_bf16(float f) {
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return __uint_as_float(((unsigned int)h) << 16);
+}
+__device__ __forceinline__ float js_round_f16(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); float r; asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h)); return r;
+}
+
+template <typename S> struct js_io;
+template <> struct js_io<float> {
+  typedef float C;
+  static __device__ __forceinline__ float get(float s) { return s; }
+  static __device__ __forceinline__ float put(float c) { return c; }
+};
+template <> struct js_io<js_bf16> {
+  typedef float C;
+  static __device__ __forceinline__ float get(js_bf16 s) { return js_to_float(s); }
+  static __device__ __forceinline__ js_bf16 put(float c) { js_bf16 r; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.bits) : "f"(c)); return r; }
+};
+template <> struct js_io<js_f16> {
+  typedef float C;
+  static __device__ __forceinline__ float get(js_f16 s) { return js_to_float(s); }
+  static __device__ __forceinline__ js_f16 put(float c) { js_f16 r; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(c)); return r; }
+};
+template <> struct js_io<int> {
+  typedef int C;
+  static __device__ __forceinline__ int get(int s) { return s; }
+  static __device__ __forceinline__ int put(int c) { return c; }
+};
+template <> struct js_io<unsigned char> {
+  typedef bool C;
+  static __device__ __forceinline__ bool get(unsigned char s) { return s != 0; }
+  static __device__ __forceinline__ unsigned char put(bool c) { return c ? 1 : 0; }
+};
+
+template <typename S, int V> struct alignas(sizeof(S) * V) js_vec { S v[V]; };
+
+// Loads V contiguous elements (one vector access) and converts them to compute type.
+template <typename S, int V, typename C>
+__device__ __forceinline__ void js_load(const S* __restrict__ p, C* out) {
+  js_vec<S, V> x = *reinterpret_cast<const js_vec<S, V>*>(p);
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = js_io<S>::get(x.v[i]);
+}
+
+template <typename S, int V, typename C>
+__device__ __forceinline__ void js_store(S* __restrict__ p, const C* in) {
+  js_vec<S, V> x;
+#pragma unroll
+  for (int i = 0; i < V; ++i) x.v[i] = js_io<S>::put(in[i]);
+  *reinterpret_cast<js_vec<S, V>*>(p) = x;
+}
+
+template <typename T> __device__ __forceinline__ T js_max(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> __device__ __forceinline__ T js_min(T a, T b) { return (a < b || a != a) ? a : b; }
+__device__ __forceinline__ int js_max(int a, int b) { return a > b ? a : b; }
+__device__ __forceinline__ int js_min(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ bool js_max(bool a, bool b) { return a || b; }
+__device__ __forceinline__ bool js_min(bool a, bool b) { return a && b; }
+__device__ __forceinline__ float js_sign(float a) { return a > 0.f ? 1.f : (a < 0.f ? -1.f : a); }
+__device__ __forceinline__ int js_sign(int a) { return (a > 0) - (a < 0); }
+__device__ __forceinline__ int js_f2i(float a) {
+  return a != a ? 0 : (a >= 2147483648.f ? JS_INT_MAX : (a <= -2147483648.f ? JS_INT_MIN : (int)a));
+}
+__device__ __forceinline__ float js_logistic(float a) { return 1.f / (1.f + expf(-a)); }
+__device__ __forceinline__ float js_ipow(float x, int n) {
+  float r = 1.f; float b = n < 0 ? 1.f / x : x; int m = n < 0 ? -n : n;
+  while (m) { if (m & 1) r *= b; b *= b; m >>= 1; }
+  return r;
+}
+__device__ __forceinline__ int js_ipow(int x, int n) {
+  int r = 1; int m = n; while (m > 0) { if (m & 1) r *= x; x *= x; m >>= 1; } return r;
+}
+
+struct js_sum_op { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
+struct js_max_op { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return js_max(a, b); } };
+struct js_min_op { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return js_min(a, b); } };
+
+// Butterfly all-reduce inside aligned groups of W lanes (W a power of two <= 32). Every lane ends
+// with the same bits: each step combines the same pair of operands, and the ops are commutative.
+template <int W, typename T, typename Op>
+__device__ __forceinline__ T js_group_reduce(T x, Op op) {
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+// (value, index) pairs for argmax/argmin: ties and NaNs resolve to the smallest index, like XLA.
+template <bool IS_MAX>
+__device__ __forceinline__ void js_arg_combine(float& v, int& i, float v2, int i2) {
+  bool nan1 = v != v, nan2 = v2 != v2;
+  bool take;
+  if (nan1 || nan2) take = nan2 && (!nan1 || i2 < i);
+  else take = (IS_MAX ? v2 > v : v2 < v) || (v2 == v && i2 < i);
+  if (take) { v = v2; i = i2; }
+}
+template <int W, bool IS_MAX>
+__device__ __forceinline__ void js_group_arg_reduce(float& v, int& i) {
+#pragma unroll
+  for (int o = W / 2; o > 0; o >>= 1) {
+    float v2 = __shfl_xor_sync(0xffffffffu, v, o);
+    int i2 = __shfl_xor_sync(0xffffffffu, i, o);
+    js_arg_combine<IS_MAX>(v, i, v2, i2);
+  }
+}
+
+// One grid-wide barrier per launch. `bar` is zeroed by the launcher before each launch and every
+// block of the (cooperatively launched, hence co-resident) grid arrives exactly once.
+__device__ __forceinline__ void js_grid_barrier(unsigned int* bar) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(bar, 1u);
+    unsigned int seen;
+    do {
+      asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(bar) : "memory");
+    } while (seen < gridDim.x);
+  }
+  __syncthreads();
+}

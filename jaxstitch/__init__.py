@@ -1,0 +1,15 @@
+"""jaxstitch: AStitch-style stitching of memory-bound JAX regions into single CUDA kernels.
+
+`jaxstitch.jit` works like `jax.jit`; `jaxstitch.explain` says what it stitched and why not.
+"""
+import logging as _logging
+
+from .api import explain, jit  # noqa: F401
+from .kernels import ffi as _ffi
+from .kernels.cache import stats as cache_stats  # noqa: F401
+from .targets import TARGETS, Target, get_target  # noqa: F401
+
+__version__ = "0.1.0"
+_logging.getLogger("jaxstitch").addHandler(_logging.NullHandler())
+
+_ffi.register()  # the custom-call target exists as soon as jaxstitch is imported (for jax.export)

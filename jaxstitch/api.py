@@ -1,0 +1,97 @@
+"""`jaxstitch.jit` and `jaxstitch.explain`: the two things users call."""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable
+
+import jax
+
+from . import config, pipeline, report as report_mod, targets
+from .kernels import ffi
+from .stitcher import make_runner
+
+log = logging.getLogger("jaxstitch")
+_said_fallback = []
+
+
+def _check_fun(fun, who: str):
+    if not callable(fun):
+        raise TypeError(f"{who}: `fun` must be callable, got {type(fun).__name__}")
+
+
+def _resolve_target(target, who: str):
+    if target is None:
+        return None
+    try:
+        return targets.get_target(target)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"{who}: argument `target`: {e}") from None
+
+
+def _split_dynamic(args, kwargs):
+    """Flat leaves of (args, kwargs): arrays/tracers are dynamic, anything else is baked in."""
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    dyn, static = [], {}
+    for i, x in enumerate(leaves):
+        if isinstance(x, (jax.Array, jax.core.Tracer, jax.ShapeDtypeStruct)) or hasattr(x, "__jax_array__") \
+                or (hasattr(x, "shape") and hasattr(x, "dtype")):
+            dyn.append(x)
+        else:
+            static[i] = x
+    return dyn, static, tree
+
+
+def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=None, donate_argnums=None,
+        target=None):
+    """Like `jax.jit`, with the memory-bound regions of `fun` stitched into our own CUDA kernels.
+
+    On a machine without a CUDA GPU (and no `target`), this is exactly `jax.jit(fun)`.
+    `target` ("h100", "h200", ...) plans for that GPU even elsewhere: handy to exercise the whole
+    pipeline on a CPU, where the stitched regions then run through XLA.
+    """
+    if fun is None:
+        return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames,
+                                 donate_argnums=donate_argnums, target=target)
+    _check_fun(fun, "jaxstitch.jit")
+    tgt = _resolve_target(target, "jaxstitch.jit")
+    jit_kwargs = dict(static_argnums=static_argnums, static_argnames=static_argnames,
+                      donate_argnums=donate_argnums)
+    cfg = config.load()
+    if cfg.disabled:
+        return jax.jit(fun, **jit_kwargs)
+    if tgt is None:
+        tgt = targets.detect()
+        if tgt is None:
+            if not _said_fallback:
+                _said_fallback.append(True)
+                log.info("jaxstitch: no CUDA GPU found; jaxstitch.jit is jax.jit here")
+            return jax.jit(fun, **jit_kwargs)
+        ok, why = ffi.register()
+        if not ok:
+            log.warning("jaxstitch: the kernel launcher is unavailable (%s); using jax.jit", why)
+            return jax.jit(fun, **jit_kwargs)
+
+    @functools.wraps(fun)
+    def stitched(*args, **kwargs):
+        dyn, static, tree = _split_dynamic(args, kwargs)
+        program = pipeline.build(fun, dyn, tree, tgt, cfg, static)
+        outs = make_runner(program)(*dyn)
+        return jax.tree_util.tree_unflatten(program.traced.out_tree, outs)
+
+    return jax.jit(stitched, **jit_kwargs)
+
+
+def explain(fun: Callable, *args: Any, target=None, **kwargs: Any) -> report_mod.Report:
+    """Plan `fun` for `args` (arrays or `jax.ShapeDtypeStruct`s) and report what would be stitched.
+
+    Runs the whole pipeline except execution, including NVRTC, so it works on a CPU-only machine
+    given a `target`.
+    """
+    _check_fun(fun, "jaxstitch.explain")
+    tgt = _resolve_target(target, "jaxstitch.explain") or targets.detect()
+    if tgt is None:
+        raise ValueError("jaxstitch.explain: no CUDA GPU here; pass argument `target` (e.g. target='h100')")
+    dyn, static, tree = _split_dynamic(args, kwargs)
+    program = pipeline.build(fun, dyn, tree, tgt, config.load(), static)
+    return report_mod.make_report(program)

@@ -1,0 +1,75 @@
+"""The graph jaxstitch plans over: a flat, frozen, hashable copy of an (inlined) jaxpr.
+
+Everything after tracing works on these dataclasses only, so planning and codegen are pure functions
+that never touch JAX internals and can be tested without a GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Union
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+    """An SSA value (a jaxpr variable): id, shape and dtype name (numpy spelling)."""
+
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class Const:
+    """A scalar literal operand (jaxpr Literal)."""
+
+    value: Any
+    dtype: str
+
+
+Atom = Union[Value, Const]
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One primitive application. `index` is its position in the traced equation list."""
+
+    index: int
+    prim: str
+    inputs: tuple[Atom, ...]
+    outputs: tuple[Value, ...]
+    params: tuple[tuple[str, Any], ...]
+
+    def param(self, name: str, default: Any = None) -> Any:
+        for key, val in self.params:
+            if key == name:
+                return val
+        return default
+
+
+@dataclasses.dataclass(frozen=True)
+class Graph:
+    inputs: tuple[Value, ...]
+    outputs: tuple[Atom, ...]
+    ops: tuple[Op, ...]
+
+
+DTYPE_BYTES = {
+    "float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "uint32": 4, "bool": 1,
+    "float64": 8, "int64": 8, "int8": 1, "uint8": 1, "int16": 2, "uint16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1,
+}
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "int32", "bool")

@@ -1,0 +1,1 @@
+"""Kernels: NVRTC compilation, the content-addressed cubin cache, and the FFI launcher."""

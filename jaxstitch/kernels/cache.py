@@ -1,0 +1,89 @@
+"""Content-addressed cubin cache, in memory and on disk.
+
+The key is a hash of everything that decides the bytes: the source, NVRTC's version and options, the
+architecture and jaxstitch's version. The same key is the module's name at run time, so a fresh
+process with a warm disk cache never runs NVRTC.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import tempfile
+import threading
+
+from . import nvrtc
+
+log = logging.getLogger("jaxstitch")
+VERSION = "0.1.0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    nvrtc_compiles: int
+    memory_hits: int
+    disk_hits: int
+
+
+class _Cache:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.memory: dict[str, bytes] = {}
+        self.compiles = self.memory_hits = self.disk_hits = 0
+
+
+_CACHE = _Cache()
+
+
+def cache_key(source: str, arch: str) -> str:
+    h = hashlib.sha256()
+    for part in (source, nvrtc.version(), " ".join(nvrtc.OPTIONS), arch, VERSION):
+        h.update(part.encode())
+        h.update(b"\x00")
+    return h.hexdigest()
+
+
+def get_cubin(source: str, arch: str, cache_dir: str | None) -> tuple[str, bytes]:
+    """(key, cubin) for `source`, compiling it with NVRTC only on a miss in memory and on disk."""
+    key = cache_key(source, arch)
+    with _CACHE.lock:
+        if key in _CACHE.memory:
+            _CACHE.memory_hits += 1
+            return key, _CACHE.memory[key]
+    path = os.path.join(cache_dir, key[:2], key + ".cubin") if cache_dir else None
+    if path and os.path.exists(path):
+        with open(path, "rb") as f:
+            cubin = f.read()
+        with _CACHE.lock:
+            _CACHE.disk_hits += 1
+            _CACHE.memory[key] = cubin
+        return key, cubin
+    cubin = nvrtc.compile_cubin(source, arch)
+    with _CACHE.lock:
+        _CACHE.compiles += 1
+        _CACHE.memory[key] = cubin
+    if path:
+        _write_atomic(path, cubin)
+    return key, cubin
+
+
+def _write_atomic(path: str, data: bytes):
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path))
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only cache directory costs recompiles, never a failure
+        log.warning("jaxstitch: could not write the kernel cache at %s: %s", path, e)
+
+
+def stats() -> Stats:
+    with _CACHE.lock:
+        return Stats(_CACHE.compiles, _CACHE.memory_hits, _CACHE.disk_hits)
+
+
+def clear_memory():
+    with _CACHE.lock:
+        _CACHE.memory.clear()

@@ -1,0 +1,111 @@
+"""The Python side of jaxstitch's one generic XLA FFI launcher.
+
+Why one handler for every kernel: a stitched region becomes a custom call to
+``jaxstitch_launch`` whose attributes carry the kernel's cubin bytes, a content
+hash of them (the handler's module-cache key), the ``extern "C"`` kernel name
+and the launch shape. The HLO thus holds only data, never a process-local
+pointer, so JAX's persistent compilation cache and ``jax.export`` keep working:
+a fresh process loads the module from the bytes the first time it runs.
+
+The handler (``launcher.cc``, built by ``setup.py`` into ``_launcher*.so``)
+loads the module at XLA's initialize stage, or lazily at execute, and launches
+the kernel with one pointer parameter per buffer: every argument buffer in
+order, then every result buffer in order.
+"""
+from __future__ import annotations
+
+import ctypes
+import glob
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+TARGET = "jaxstitch_launch"
+
+_lock = threading.Lock()
+_result: tuple[bool, str | None] | None = None
+
+
+def _find_library() -> str | None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = sorted(glob.glob(os.path.join(here, "_launcher*.so")))
+    return found[0] if found else None
+
+
+def _register() -> tuple[bool, str | None]:
+    path = _find_library()
+    if path is None:
+        return False, ("jaxstitch launcher extension (_launcher*.so) is not built; "
+                       "install with `pip install --no-build-isolation -e .`")
+    try:
+        lib = ctypes.cdll.LoadLibrary(path)
+        execute = jax.ffi.pycapsule(lib.JaxstitchLaunchExecute)
+        initialize = jax.ffi.pycapsule(lib.JaxstitchLaunchInitialize)
+    except (OSError, AttributeError) as e:
+        return False, f"loading {path} failed: {e}"
+    # Where the CUDA plugin is already initialized this registers at once.
+    # Otherwise jax queues it for the plugin's initialization; on a CPU-only
+    # machine that never comes, which is fine: the target exists only on CUDA.
+    try:
+        jax.ffi.register_ffi_target(
+            TARGET, {"initialize": initialize, "execute": execute}, platform="CUDA")
+        return True, None
+    except Exception as dict_error:  # an XLA too old for handler bundles
+        try:
+            jax.ffi.register_ffi_target(TARGET, execute, platform="CUDA")
+            return True, f"registered the execute stage only ({dict_error})"
+        except Exception as e:
+            return False, f"registering {TARGET} failed: {e}"
+
+
+def register() -> tuple[bool, str | None]:
+    """Registers the launcher for platform CUDA, once per process.
+
+    Returns ``(ok, note)``: ``(True, None)`` on success, ``(False, reason)``
+    when the extension is missing or cannot be loaded or registered. Never
+    raises, so callers can fall back to XLA.
+    """
+    global _result
+    with _lock:
+        if _result is None:
+            _result = _register()
+        return _result
+
+
+def launch(
+    args: Sequence[Any],
+    *,
+    out_types: Sequence[jax.ShapeDtypeStruct],
+    cubin: bytes,
+    key: str,
+    kernel: str,
+    grid: int,
+    block: int,
+    smem: int,
+    cooperative: bool,
+    poison: bool = False,
+):
+    """Calls ``kernel`` from ``cubin`` on ``args``; returns the list of results.
+
+    ``out_types`` gives the result buffers. The kernel's parameters are one
+    pointer per buffer: ``args`` in order, then the results in order. With
+    ``cooperative`` the grid is clamped to the blocks that fit at once (one
+    wave), so such kernels must loop over their work, and the last result is
+    their workspace, whose first 16 bytes the launcher zeroes for the grid
+    barrier. ``poison`` fills the results with 0xFF bytes first (tests).
+    """
+    return jax.ffi.ffi_call(TARGET, list(out_types))(
+        *args,
+        cubin=np.frombuffer(cubin, np.uint8),
+        key=key,
+        kernel=kernel,
+        grid=np.int64(grid),
+        block=np.int64(block),
+        smem=np.int64(smem),
+        cooperative=np.int64(int(cooperative)),
+        poison=np.int64(int(poison)),
+    )

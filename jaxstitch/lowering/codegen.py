@@ -1,0 +1,389 @@
+"""Render a KernelPlan as CUDA C: the plan decides, the template in csrc_templates/ holds the hooks.
+
+Values are named `v<id>`. A value stored per element (full or column storage) is an array of E
+registers indexed by the thread's element slot; a row or scalar value is one register. Layout ops
+emit nothing: their result is another name for the operand.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import string
+from importlib import resources
+
+from .. import ir, ops as opdefs
+from ..plan import KernelPlan
+from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR
+from .cuda_ops import ARG_REDUCE, CTYPE, EXPR, REDUCE, STYPE, literal
+
+KERNEL_NAME = "jaxstitch_kernel"
+
+
+@functools.lru_cache(maxsize=None)
+def template(name: str) -> str:
+    return resources.files("jaxstitch.csrc_templates").joinpath(name).read_text()
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    code: str
+    name: str
+    param_names: tuple[str, ...]
+
+
+class _Writer:
+    def __init__(self, indent: int):
+        self.lines: list[str] = []
+        self.indent = indent
+
+    def __call__(self, line: str = ""):
+        self.lines.append("  " * self.indent + line)
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+class _Kernel:
+    def __init__(self, plan: KernelPlan):
+        self.plan = plan
+        self.layout = plan.layout
+        self.m = plan.mapping
+        self.alias: dict[int, int] = {}
+        self.inputs = {v.id: i for i, v in enumerate(plan.region.inputs)}
+        self.outputs = list(plan.region.outputs)
+        self.exact_cols = self.m.n_cols % (self.m.tpr * self.m.vec) == 0
+        self.n_row_red = 0
+
+    # ---- naming -------------------------------------------------------------------------------
+    def root(self, vid: int) -> int:
+        while vid in self.alias:
+            vid = self.alias[vid]
+        return vid
+
+    def placed(self, v: ir.Value):
+        return self.layout.of(v)
+
+    def is_array(self, v: ir.Value) -> bool:
+        return self.placed(v).storage in (FULL, COL) and self.placed(v).level != EPILOGUE
+
+    def ref(self, a: ir.Atom, e: str = "e") -> str:
+        if isinstance(a, ir.Const):
+            return literal(a.value, a.dtype)
+        name = f"v{self.root(a.id)}"
+        return f"{name}[{e}]" if self.is_array(a) else name
+
+    def ctype(self, v: ir.Value) -> str:
+        return CTYPE[v.dtype]
+
+    def col_ok(self, e: str = "e") -> str:
+        if self.exact_cols:
+            return "true"
+        return f"((({e}) / V * TPR + lane) * V + ({e}) % V < N_COLS)"
+
+    # ---- ops --------------------------------------------------------------------------------------
+    def elementwise(self, w: _Writer, op: ir.Op):
+        out = op.outputs[0]
+        if self.is_array(out):
+            w(f"{self.ctype(out)} v{out.id}[E];")
+            w("#pragma unroll")
+            w(f"for (int e = 0; e < E; ++e) v{out.id}[e] = {EXPR[op.prim](op, [self.ref(a) for a in op.inputs])};")
+        else:
+            w(f"const {self.ctype(out)} v{out.id} = {EXPR[op.prim](op, [self.ref(a) for a in op.inputs])};")
+
+    def iota(self, w: _Writer, op: ir.Op):
+        out = op.outputs[0]
+        stride, size = self.placed(out).iota
+        if self.placed(out).storage == ROW:
+            w(f"const int v{out.id} = (int)((row / {stride}) % {size});")
+        elif self.placed(out).storage == COL:
+            w(f"int v{out.id}[E];")
+            w("#pragma unroll")
+            w(f"for (int e = 0; e < E; ++e) v{out.id}[e] = (((e / V) * TPR + lane) * V + e % V) / {stride} % {size};")
+        else:
+            w(f"const int v{out.id} = 0;")
+
+    def emit_op(self, w: _Writer, op: ir.Op):
+        if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Const):
+            out = op.outputs[0]
+            w(f"const {self.ctype(out)} v{out.id} = {literal(op.inputs[0].value, out.dtype)};")
+        elif opdefs.is_layout(op):
+            self.alias[op.outputs[0].id] = self.root(op.inputs[0].id)
+        elif op.prim == "iota":
+            self.iota(w, op)
+        else:
+            self.elementwise(w, op)
+
+    # ---- memory -----------------------------------------------------------------------------------
+    def load_array(self, w: _Writer, v: ir.Value, ptr: str):
+        ct, st = self.ctype(v), STYPE[v.dtype]
+        w(f"{ct} v{v.id}[E];")
+        w("#pragma unroll")
+        w("for (int k = 0; k < VPT; ++k) {")
+        w("  const int col0 = (k * TPR + lane) * V;")
+        w(f"  if ({'row_ok && ' if ptr.startswith('row') else ''}col0 < N_COLS) js_load<{st}, V>({ptr.split(':')[-1]} + col0, &v{v.id}[k * V]);")
+        w(f"  else for (int i = 0; i < V; ++i) v{v.id}[k * V + i] = ({ct})0;")
+        w("}")
+
+    def store_array(self, w: _Writer, v: ir.Value, out_index: int, guard: str, base: str):
+        st = STYPE[v.dtype]
+        w("#pragma unroll")
+        w("for (int k = 0; k < VPT; ++k) {")
+        w("  const int col0 = (k * TPR + lane) * V;")
+        w(f"  if ({guard}col0 < N_COLS) {{")
+        w(f"    {self.ctype(v)} t[V];")
+        w("    for (int i = 0; i < V; ++i) { const int e = k * V + i; t[i] = " + self.ref(v) + "; }")
+        w(f"    js_store<{st}, V>(out{out_index} + {base}col0, t);")
+        w("  }")
+        w("}")
+
+    def store_output(self, w: _Writer, v: ir.Value, in_body: bool):
+        for j, o in enumerate(self.outputs):
+            if o.id != v.id:
+                continue
+            p = self.placed(o)
+            st = STYPE[o.dtype]
+            if p.declared == FULL:
+                self.store_array(w, o, j, "row_ok && ", "row * N_COLS + ")
+            elif p.declared == ROW:
+                w(f"if (row_ok && lane == 0) out{j}[row] = js_io<{st}>::put({self.ref(o, '0')});")
+            elif p.declared == COL and not in_body:
+                w("if (blockIdx.x == 0 && row_in_block == 0) {")
+                self.store_array(w, o, j, "", "")
+                w("}")
+            elif p.declared == SCALAR and not in_body:
+                w(f"if (blockIdx.x == 0 && tid == 0) out{j}[0] = js_io<{st}>::put({self.ref(o, '0')});")
+
+    # ---- reductions -------------------------------------------------------------------------------
+    def row_reductions(self, w: _Writer, ops: list[ir.Op]):
+        """Partial per thread, then one all-reduce round for the whole batch (one barrier pair)."""
+        if not ops:
+            return
+        slots = []
+        for op in ops:
+            src, out = op.inputs[0], op.outputs[0]
+            if op.prim in ARG_REDUCE:
+                is_max = ARG_REDUCE[op.prim]
+                w(f"float p{out.id} = {REDUCE['reduce_max' if is_max == 'true' else 'reduce_min'][1]['float']}; int q{out.id} = 0x7fffffff;")
+                w("#pragma unroll")
+                w(f"for (int e = 0; e < E; ++e) if ({self.col_ok()}) js_arg_combine<{is_max}>(p{out.id}, q{out.id}, (float){self.ref(src)}, ((e / V) * TPR + lane) * V + e % V);")
+                if self.m.tpr > 1:
+                    w(f"js_group_arg_reduce<{min(self.m.tpr, 32)}, {is_max}>(p{out.id}, q{out.id});")
+                slots.append((op, "arg"))
+            else:
+                fn, ident = REDUCE[op.prim]
+                ct = self.ctype(out)
+                w(f"{ct} p{out.id} = {ident[ct]};")
+                w("#pragma unroll")
+                w(f"for (int e = 0; e < E; ++e) if ({self.col_ok()}) p{out.id} = {fn}(p{out.id}, ({ct}){self.ref(src)});")
+                if self.m.tpr > 1:
+                    w(f"p{out.id} = js_group_reduce<{min(self.m.tpr, 32)}>(p{out.id}, {fn});")
+                slots.append((op, ct))
+        if self.m.tpr > 32:
+            self.n_row_red = max(self.n_row_red, len(slots))
+            w("if ((tid & 31) == 0) {")
+            for i, (op, kind) in enumerate(slots):
+                o = op.outputs[0].id
+                if kind == "arg":
+                    w(f"  js_red[{i}][tid >> 5] = p{o}; js_redi[{i}][tid >> 5] = q{o};")
+                elif kind == "int":
+                    w(f"  js_redi[{i}][tid >> 5] = p{o};")
+                else:
+                    w(f"  js_red[{i}][tid >> 5] = (float)p{o};")
+            w("}")
+            w("__syncthreads();")
+            for i, (op, kind) in enumerate(slots):
+                o = op.outputs[0].id
+                if kind == "arg":
+                    w(f"p{o} = js_red[{i}][0]; q{o} = js_redi[{i}][0];")
+                    w(f"for (int j = 1; j < NWARPS_ROW; ++j) js_arg_combine<{ARG_REDUCE[op.prim]}>(p{o}, q{o}, js_red[{i}][j], js_redi[{i}][j]);")
+                else:
+                    fn = REDUCE[op.prim][0]
+                    arr = "js_redi" if kind == "int" else "js_red"
+                    w(f"p{o} = {arr}[{i}][0];")
+                    w(f"for (int j = 1; j < NWARPS_ROW; ++j) p{o} = {fn}(p{o}, ({kind}){arr}[{i}][j]);")
+            w("__syncthreads();")
+        for op, kind in slots:
+            o = op.outputs[0]
+            w(f"const {self.ctype(o)} v{o.id} = {'q' if kind == 'arg' else 'p'}{o.id};")
+
+    def grid_accumulate(self, w: _Writer, op: ir.Op):
+        src, out = op.inputs[0], op.outputs[0]
+        fn = REDUCE[op.prim][0]
+        if self.placed(out).declared == COL:
+            w("#pragma unroll")
+            w(f"for (int e = 0; e < E; ++e) if (row_ok && {self.col_ok()}) a{out.id}[e] = {fn}(a{out.id}[e], (float){self.ref(src)});")
+        elif self.placed(src).declared == FULL:
+            w("#pragma unroll")
+            w(f"for (int e = 0; e < E; ++e) if (row_ok && {self.col_ok()}) a{out.id} = {fn}(a{out.id}, (float){self.ref(src)});")
+        else:
+            w(f"if (row_ok && lane == 0) a{out.id} = {fn}(a{out.id}, (float){self.ref(src, '0')});")
+
+
+def _is_row_reduction(op: ir.Op) -> bool:
+    return op.prim in opdefs.REDUCTIONS and not opdefs.is_layout(op) and not opdefs.is_grid_reduction(op)
+
+
+def _defined_at(op: ir.Op, level: dict) -> int:
+    """The phase whose code defines op's output: a row reduction finishes in its operand's phase."""
+    return level[op.inputs[0].id] if _is_row_reduction(op) else level[op.outputs[0].id]
+
+
+def render(plan: KernelPlan) -> Source:
+    k = _Kernel(plan)
+    region, layout, m = plan.region, plan.layout, plan.mapping
+    level = {p.value.id: p.level for p in layout.values}
+    grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
+    for op in grid_ops:
+        if CTYPE[op.outputs[0].dtype] != "float":
+            from ..plan.layout import Unplannable
+            raise Unplannable(f"{op.prim} over the grid of a {op.outputs[0].dtype} value")
+
+    params = [f"const {STYPE[v.dtype]}* __restrict__ in{i}" for i, v in enumerate(region.inputs)]
+    params += [f"{STYPE[v.dtype]}* __restrict__ out{j}" for j, v in enumerate(region.outputs)]
+    if m.cooperative:
+        params.append("void* __restrict__ ws")
+
+    pro, body, epi = _Writer(1), _Writer(2), _Writer(1)
+    # Prologue: scalars and column values, the same for every row this thread visits.
+    for v in region.inputs:
+        p, i = layout.of(v), k.inputs[v.id]
+        if p.storage == SCALAR:
+            pro(f"const {k.ctype(v)} v{v.id} = js_io<{STYPE[v.dtype]}>::get(in{i}[0]);")
+        elif p.storage == COL:
+            k.load_array(pro, v, f"in{i}")
+    body_ops, epi_ops = [], []
+    for op in region.ops:
+        p = layout.of(op.outputs[0])
+        if p.level == EPILOGUE:
+            epi_ops.append(op)
+        elif p.storage in (SCALAR, COL) and op.prim not in opdefs.REDUCTIONS:
+            k.emit_op(pro, op)
+            k.store_output(pro, op.outputs[0], in_body=False)
+        else:
+            body_ops.append(op)
+    for op in grid_ops:
+        out = op.outputs[0]
+        ident = REDUCE[op.prim][1]["float"]
+        if layout.of(out).declared == COL:
+            pro(f"float a{out.id}[E];")
+            pro(f"for (int e = 0; e < E; ++e) a{out.id}[e] = {ident};")
+        else:
+            pro(f"float a{out.id} = {ident};")
+
+    # Body: one row per row group; phases separated by the row reductions.
+    for v in region.inputs:
+        p, i = layout.of(v), k.inputs[v.id]
+        if p.storage == ROW:
+            body(f"const {k.ctype(v)} v{v.id} = row_ok ? js_io<{STYPE[v.dtype]}>::get(in{i}[row]) : ({k.ctype(v)})0;")
+        elif p.storage == FULL:
+            k.load_array(body, v, f"row:in{i} + row * N_COLS")
+    for v in region.inputs:
+        k.store_output(body, v, in_body=True)
+    n_levels = max([level[o.outputs[0].id] for o in body_ops] + [0])
+    for lv in range(n_levels + 1):
+        for op in body_ops:
+            out = op.outputs[0]
+            if not _is_row_reduction(op) and not opdefs.is_grid_reduction(op) and level[out.id] == lv:
+                k.emit_op(body, op)
+        k.row_reductions(body, [op for op in body_ops if _is_row_reduction(op) and level[op.inputs[0].id] == lv])
+        for op in body_ops:
+            if _defined_at(op, level) == lv:
+                k.store_output(body, op.outputs[0], in_body=True)
+        for op in grid_ops:
+            if level[op.inputs[0].id] == lv:
+                k.grid_accumulate(body, op)
+
+    shared = _Writer(1)
+    if m.tpr > 32 and k.n_row_red:
+        shared(f"__shared__ float js_red[{k.n_row_red}][NWARPS_ROW];")
+        shared(f"__shared__ int js_redi[{k.n_row_red}][NWARPS_ROW];")
+    if grid_ops:
+        _epilogue(k, epi, shared, grid_ops, epi_ops)
+
+    summary = f"{len(region.ops)} ops, {m.n_rows}x{m.n_cols}, {m.name}, scheme {plan.scheme}"
+    code = string.Template(template("stitch_kernel.cu")).substitute(
+        summary=summary, common=template("stitch_common.cuh"), n_rows=m.n_rows, n_cols=m.n_cols,
+        vec=m.vec, tpr=m.tpr, vpt=m.vpt, rows_per_block=m.rows_per_block, block=m.block,
+        name=KERNEL_NAME, params=", ".join(params), shared=shared.text(), prologue=pro.text(),
+        body=body.text(), epilogue=epi.text())
+    return Source(code, KERNEL_NAME, tuple(params))
+
+
+def _epilogue(k: _Kernel, w: _Writer, shared: _Writer, grid_ops, epi_ops):
+    """Grid-wide reductions: block partials to the workspace, one barrier, then every block finishes
+    a slice of the columns (and every block the scalars), summing partials in a fixed order."""
+    layout, m = k.layout, k.plan.mapping
+    offsets = {g.value_id: g.offset for g in k.plan.grid_reductions}
+    shared("__shared__ float js_scr[BLOCK / 32];")
+    if m.rows_per_block > 1 and any(layout.of(op.outputs[0]).declared == COL for op in grid_ops):
+        shared("__shared__ float js_colbuf[N_COLS];")
+    w("float* js_ws = reinterpret_cast<float*>(ws);")
+    for op in grid_ops:
+        o, fn = op.outputs[0].id, REDUCE[op.prim][0]
+        off = offsets[o]
+        if layout.of(op.outputs[0]).declared == COL:
+            if m.rows_per_block == 1:
+                w("#pragma unroll")
+                w(f"for (int e = 0; e < E; ++e) {{ const int c = ((e / V) * TPR + lane) * V + e % V; "
+                  f"if (c < N_COLS) js_ws[{off} + (long long)blockIdx.x * N_COLS + c] = a{o}[e]; }}")
+            else:
+                w("for (int rg = 0; rg < RPB; ++rg) {")
+                w("  if (row_in_block == rg) {")
+                w("#pragma unroll")
+                w(f"    for (int e = 0; e < E; ++e) {{ const int c = ((e / V) * TPR + lane) * V + e % V; "
+                  f"if (c < N_COLS) js_colbuf[c] = rg == 0 ? a{o}[e] : {fn}(js_colbuf[c], a{o}[e]); }}")
+                w("  }")
+                w("  __syncthreads();")
+                w("}")
+                w(f"for (int c = tid; c < N_COLS; c += BLOCK) js_ws[{off} + (long long)blockIdx.x * N_COLS + c] = js_colbuf[c];")
+                w("__syncthreads();")
+        else:
+            w("{")
+            w(f"  float t = js_group_reduce<32>(a{o}, {fn});")
+            w("  if ((tid & 31) == 0) js_scr[tid >> 5] = t;")
+            w("  __syncthreads();")
+            w(f"  if (tid == 0) {{ for (int j = 1; j < BLOCK / 32; ++j) t = {fn}(t, js_scr[j]); js_ws[{off} + blockIdx.x] = t; }}")
+            w("  __syncthreads();")
+            w("}")
+    w("js_grid_barrier(reinterpret_cast<unsigned int*>(ws));")
+    scalar_ops = [op for op in grid_ops if layout.of(op.outputs[0]).declared != COL]
+    col_ops = [op for op in grid_ops if layout.of(op.outputs[0]).declared == COL]
+    for op in scalar_ops:
+        o, fn = op.outputs[0].id, REDUCE[op.prim][0]
+        ident = REDUCE[op.prim][1]["float"]
+        w(f"float v{o};")
+        w("{")
+        w(f"  float t = {ident};")
+        w(f"  for (int b = tid; b < gridDim.x; b += BLOCK) t = {fn}(t, js_ws[{offsets[o]} + b]);")
+        w(f"  t = js_group_reduce<32>(t, {fn});")
+        w("  if ((tid & 31) == 0) js_scr[tid >> 5] = t;")
+        w("  __syncthreads();")
+        w(f"  t = js_scr[0]; for (int j = 1; j < BLOCK / 32; ++j) t = {fn}(t, js_scr[j]);")
+        w(f"  v{o} = t;")
+        w("  __syncthreads();")
+        w("}")
+    scalar_epi = [op for op in epi_ops if layout.of(op.outputs[0]).storage != COL and op not in grid_ops]
+    col_epi = [op for op in epi_ops if layout.of(op.outputs[0]).storage == COL and op not in grid_ops]
+    for op in scalar_epi:
+        k.emit_op(w, op)
+    scalar_outs = [v for v in k.outputs if layout.of(v).level == EPILOGUE and layout.of(v).storage != COL]
+    if scalar_outs:
+        w("if (blockIdx.x == 0 && tid == 0) {")
+        for v in scalar_outs:
+            j = k.outputs.index(v)
+            w(f"  out{j}[0] = js_io<{STYPE[v.dtype]}>::put({k.ref(v)});")
+        w("}")
+    if col_ops:
+        w("for (int c = blockIdx.x * BLOCK + tid; c < N_COLS; c += gridDim.x * BLOCK) {")
+        inner = _Writer(w.indent + 1)
+        for op in col_ops:
+            o, fn = op.outputs[0].id, REDUCE[op.prim][0]
+            inner(f"float v{o} = {REDUCE[op.prim][1]['float']};")
+            inner(f"for (int b = 0; b < gridDim.x; ++b) v{o} = {fn}(v{o}, js_ws[{offsets[o]} + (long long)b * N_COLS + c]);")
+        for op in col_epi:
+            k.emit_op(inner, op)
+        for j, v in enumerate(k.outputs):
+            if layout.of(v).level == EPILOGUE and layout.of(v).storage == COL:
+                inner(f"out{j}[c] = js_io<{STYPE[v.dtype]}>::put({k.ref(v)});")
+        w.lines.extend(inner.lines)
+        w("}")

@@ -1,0 +1,122 @@
+"""The C expression of each stitchable primitive: a table, not a pass (compare tinygrad's renderer).
+
+Every function takes the op and its operands already rendered as C expressions in compute types
+(float for every floating dtype, int for int32, bool for bool) and returns one C expression.
+"""
+from __future__ import annotations
+
+import math
+
+from .. import ir
+
+CTYPE = {"float32": "float", "bfloat16": "float", "float16": "float", "int32": "int", "bool": "bool"}
+STYPE = {"float32": "float", "bfloat16": "js_bf16", "float16": "js_f16", "int32": "int", "bool": "unsigned char"}
+
+
+def literal(value, dtype: str) -> str:
+    ctype = CTYPE[dtype]
+    if ctype == "bool":
+        return "true" if value else "false"
+    if ctype == "int":
+        return f"({int(value)})"
+    v = float(value)
+    if math.isnan(v):
+        return "JS_NAN"
+    if math.isinf(v):
+        return "JS_INF" if v > 0 else "(-JS_INF)"
+    return f"{v!r}f".replace("inf", "INF")
+
+
+def _float_fn(name):
+    return lambda op, a: f"{name}({a[0]})"
+
+
+def _convert(op: ir.Op, a):
+    src, dst = op.inputs[0].dtype, op.outputs[0].dtype
+    cs, cd = CTYPE[src], CTYPE[dst]
+    x = a[0]
+    if cd == "float":
+        base = x if cs == "float" else f"((float)({x}))"
+        if dst == "bfloat16" and src != "bfloat16":
+            return f"js_round_bf16({base})"
+        if dst == "float16" and src != "float16":
+            return f"js_round_f16({base})"
+        return base
+    if cd == "int":
+        return f"js_f2i({x})" if cs == "float" else f"((int)({x}))"
+    return f"(({x}) != 0)"
+
+
+def _integer_pow(op: ir.Op, a):
+    y = op.param("y")
+    if 0 < y <= 4:
+        return "(" + " * ".join([a[0]] * y) + ")"
+    return f"js_ipow({a[0]}, {y})"
+
+
+def _round(op: ir.Op, a):
+    method = op.param("rounding_method", 0)
+    return f"rintf({a[0]})" if int(method) == 1 else f"roundf({a[0]})"
+
+
+def _by_ctype(float_expr: str, int_expr: str, bool_expr: str | None = None):
+    def render(op: ir.Op, a):
+        ctype = CTYPE[op.inputs[0].dtype]
+        expr = {"float": float_expr, "int": int_expr, "bool": bool_expr or int_expr}[ctype]
+        return expr.format(*a)
+    return render
+
+
+def _select_n(op: ir.Op, a):
+    pred, cases = a[0], a[1:]
+    if len(cases) == 1:
+        return cases[0]
+    if CTYPE[op.inputs[0].dtype] == "bool":
+        return f"(({pred}) ? ({cases[1]}) : ({cases[0]}))"
+    expr = cases[-1]
+    for i in range(len(cases) - 2, -1, -1):
+        expr = f"(({pred}) == {i} ? ({cases[i]}) : {expr})"
+    return expr
+
+
+EXPR = {
+    "neg": lambda op, a: f"(-{a[0]})",
+    "abs": _by_ctype("fabsf({0})", "abs({0})"),
+    "sign": lambda op, a: f"js_sign({a[0]})",
+    "floor": _float_fn("floorf"), "ceil": _float_fn("ceilf"), "round": _round,
+    "exp": _float_fn("expf"), "exp2": _float_fn("exp2f"), "log": _float_fn("logf"),
+    "log1p": _float_fn("log1pf"), "expm1": _float_fn("expm1f"), "tanh": _float_fn("tanhf"),
+    "logistic": _float_fn("js_logistic"), "erf": _float_fn("erff"), "erfc": _float_fn("erfcf"),
+    "erf_inv": _float_fn("erfinvf"), "sqrt": _float_fn("sqrtf"), "rsqrt": _float_fn("rsqrtf"),
+    "cbrt": _float_fn("cbrtf"), "sin": _float_fn("sinf"), "cos": _float_fn("cosf"), "tan": _float_fn("tanf"),
+    "not": _by_ctype("(!{0})", "(~{0})", "(!{0})"),
+    "is_finite": _float_fn("isfinite"),
+    "integer_pow": _integer_pow,
+    "square": lambda op, a: f"({a[0]} * {a[0]})",
+    "reciprocal": lambda op, a: f"(1.0f / {a[0]})",
+    "stop_gradient": lambda op, a: a[0], "copy": lambda op, a: a[0], "copy_p": lambda op, a: a[0],
+    "convert_element_type": _convert,
+    "add": lambda op, a: f"({a[0]} + {a[1]})", "add_any": lambda op, a: f"({a[0]} + {a[1]})",
+    "sub": lambda op, a: f"({a[0]} - {a[1]})", "mul": lambda op, a: f"({a[0]} * {a[1]})",
+    "div": lambda op, a: f"({a[0]} / {a[1]})",
+    "rem": _by_ctype("fmodf({0}, {1})", "({0} % {1})"),
+    "pow": lambda op, a: f"powf({a[0]}, {a[1]})",
+    "max": lambda op, a: f"js_max({a[0]}, {a[1]})", "min": lambda op, a: f"js_min({a[0]}, {a[1]})",
+    "atan2": lambda op, a: f"atan2f({a[0]}, {a[1]})",
+    "eq": lambda op, a: f"({a[0]} == {a[1]})", "ne": lambda op, a: f"({a[0]} != {a[1]})",
+    "lt": lambda op, a: f"({a[0]} < {a[1]})", "le": lambda op, a: f"({a[0]} <= {a[1]})",
+    "gt": lambda op, a: f"({a[0]} > {a[1]})", "ge": lambda op, a: f"({a[0]} >= {a[1]})",
+    "and": _by_ctype("", "({0} & {1})", "({0} && {1})"),
+    "or": _by_ctype("", "({0} | {1})", "({0} || {1})"),
+    "xor": _by_ctype("", "({0} ^ {1})", "({0} != {1})"),
+    "select_n": _select_n,
+    "clamp": lambda op, a: f"js_min(js_max({a[1]}, {a[0]}), {a[2]})",
+}
+
+# Reductions: (combine functor, identity by compute type).
+REDUCE = {
+    "reduce_sum": ("js_sum_op()", {"float": "0.0f", "int": "0", "bool": "false"}),
+    "reduce_max": ("js_max_op()", {"float": "(-JS_INF)", "int": "JS_INT_MIN", "bool": "false"}),
+    "reduce_min": ("js_min_op()", {"float": "JS_INF", "int": "JS_INT_MAX", "bool": "true"}),
+}
+ARG_REDUCE = {"argmax": "true", "argmin": "false"}

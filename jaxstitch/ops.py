@@ -1,0 +1,83 @@
+"""Which primitives may live inside a stitched region, and how each relates elements.
+
+Shared by partitioning (what may join a region), planning (what an op does to the row/column space)
+and codegen (which has its own table of C expressions, checked against this one by a test).
+"""
+from __future__ import annotations
+
+from . import ir
+
+UNARY = frozenset({
+    "neg", "abs", "sign", "floor", "ceil", "round", "exp", "exp2", "log", "log1p", "expm1", "tanh",
+    "logistic", "erf", "erfc", "erf_inv", "sqrt", "rsqrt", "cbrt", "sin", "cos", "tan", "not",
+    "is_finite", "integer_pow", "square", "reciprocal", "stop_gradient", "copy", "copy_p",
+    "convert_element_type", "reduce_precision", "real", "imag",
+} - {"real", "imag", "reduce_precision"})
+BINARY = frozenset({
+    "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter",
+    "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor",
+} - {"nextafter"})
+TERNARY = frozenset({"select_n", "clamp"})
+ELEMENTWISE = UNARY | BINARY | TERNARY
+# Ops that compute nothing: they only say how an operand's elements spread over the output.
+LAYOUT = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"})
+SOURCES = frozenset({"iota"})
+REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin"})
+EXPENSIVE = frozenset({"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "erf", "erfc",
+                       "erf_inv", "pow", "sin", "cos", "tan", "atan2", "cbrt"})
+
+# Left to XLA on purpose, with the reason the report shows.
+COMPUTE_BOUND = frozenset({"dot_general", "conv_general_dilated", "ragged_dot"})
+
+
+def unsupported_reason(op: ir.Op) -> str | None:
+    """None if `op` may join a region, else a short reason."""
+    prim = op.prim
+    if prim in COMPUTE_BOUND:
+        return f"{prim} is compute-intensive (left to XLA/cuBLAS)"
+    if prim not in ELEMENTWISE | LAYOUT | SOURCES | REDUCTIONS:
+        return f"{prim} is not a stitchable primitive"
+    for v in list(op.inputs) + list(op.outputs):
+        if v.dtype not in ir.SUPPORTED_DTYPES:
+            return f"{prim} has a {v.dtype} operand (stitched dtypes: {', '.join(ir.SUPPORTED_DTYPES)})"
+    if any(o.size == 0 for o in op.outputs):
+        return f"{prim} has an empty output"
+    if prim == "reshape" and op.param("dimensions") is not None:
+        return "reshape with a dimension permutation moves data"
+    if prim in REDUCTIONS and reduce_kind(op) == "other":
+        return f"{prim} over axes {op.param('axes')} is neither a row nor a column reduction"
+    if prim in ("argmax", "argmin") and reduce_kind(op) != "row":
+        return f"{prim} is stitched only along the last axes"
+    return None
+
+
+def nonunit_axes(shape) -> tuple[int, ...]:
+    return tuple(i for i, d in enumerate(shape) if d != 1)
+
+
+def reduce_kind(op: ir.Op) -> str:
+    """'trivial' (only size-1 axes), 'row' (a proper suffix of the non-unit axes), 'grid' (all of them, or a
+    proper prefix: a column reduction), or 'other'."""
+    shape = op.inputs[0].shape
+    axes = tuple(sorted(op.param("axes")))
+    real = tuple(a for a in axes if shape[a] != 1)
+    nonunit = nonunit_axes(shape)
+    if not real:
+        return "trivial"
+    if real == nonunit:
+        return "grid"
+    if real == nonunit[len(nonunit) - len(real):]:
+        return "row"
+    if real == nonunit[:len(real)]:
+        return "grid"
+    return "other"
+
+
+def is_layout(op: ir.Op) -> bool:
+    """Moves no data and computes nothing (a reduction over size-1 axes included)."""
+    return op.prim in LAYOUT or (op.prim in ("reduce_sum", "reduce_max", "reduce_min")
+                                 and reduce_kind(op) == "trivial")
+
+
+def is_grid_reduction(op: ir.Op) -> bool:
+    return op.prim in REDUCTIONS and reduce_kind(op) == "grid"

@@ -1,0 +1,193 @@
+"""Partition a graph into maximal memory-bound regions, never creating a cycle.
+
+A region is a set of stitchable ops grown greedily in program order; each region becomes one kernel,
+so the graph of regions and left-over ops must stay acyclic. An op joins the region of one of its
+producers unless that region also reaches the op through some other node (the region would then have
+to run both before and after that node). Afterwards, regions that read a common input and do not
+depend on each other are merged (sibling fusion), when the caller's `fits` says the union is still one
+kernel. Values reduced over the whole grid (column or full reductions) are final only at the kernel's
+end, so inside their region they may feed only other such epilogue ops.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from . import ir, ops as opdefs
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+    id: int
+    ops: tuple[ir.Op, ...]
+    inputs: tuple[ir.Value, ...]
+    outputs: tuple[ir.Value, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Partition:
+    regions: tuple[Region, ...]
+    unsupported: tuple[tuple[int, str], ...]  # (op index, reason) for ops left to XLA
+
+
+class _Nodes:
+    """The condensed graph: regions (union-find roots) and single left-over ops, with their deps."""
+
+    def __init__(self):
+        self.parent: dict = {}
+        self.deps: dict = {}
+
+    def add(self, node):
+        self.parent[node] = node
+        self.deps[node] = set()
+
+    def find(self, x):
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a, b):
+        a, b = self.find(a), self.find(b)
+        if a != b:
+            self.parent[b] = a
+            self.deps[a] = {self.find(d) for d in self.deps[a] | self.deps.pop(b)} - {a}
+        return a
+
+    def reaches(self, start_nodes, target) -> bool:
+        """Is `target` among the (transitive) dependencies of any of `start_nodes`, themselves included?"""
+        target = self.find(target)
+        stack, seen = [self.find(s) for s in start_nodes], set()
+        while stack:
+            n = stack.pop()
+            if n == target:
+                return True
+            if n in seen:
+                continue
+            seen.add(n)
+            stack.extend(self.find(d) for d in self.deps[n])
+        return False
+
+    def can_merge(self, a, b) -> bool:
+        """Merging is safe unless one reaches the other through a third node."""
+        a, b = self.find(a), self.find(b)
+        via_b = [d for d in self.deps[b] if self.find(d) != a]
+        via_a = [d for d in self.deps[a] if self.find(d) != b]
+        return not self.reaches(via_b, a) and not self.reaches(via_a, b)
+
+
+def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> Partition:
+    nodes = _Nodes()
+    node_of_value: dict[int, object] = {}
+    region_ops: dict[int, list[ir.Op]] = {}
+    epilogue: set[int] = set()
+    unsupported = []
+
+    for op in graph.ops:
+        vals = [a.id for a in op.inputs if isinstance(a, ir.Value)]
+        producers = {nodes.find(node_of_value[v]) for v in vals if v in node_of_value}
+        reason = opdefs.unsupported_reason(op)
+        if reason is not None:
+            unsupported.append((op.index, reason))
+            node = ("op", op.index)
+            nodes.add(node)
+            nodes.deps[node] = producers
+            for o in op.outputs:
+                node_of_value[o.id] = node
+            continue
+        candidates = [nodes.find(node_of_value[v]) for v in vals
+                      if v in node_of_value and nodes.find(node_of_value[v]) in region_ops]
+        candidates = list(dict.fromkeys(candidates))
+        epi_in = [v for v in vals if v in epilogue]
+        is_epi = opdefs.is_grid_reduction(op)
+        if epi_in:
+            home = nodes.find(node_of_value[epi_in[0]])
+            pure = (op.prim in opdefs.ELEMENTWISE or opdefs.is_layout(op)) and len(epi_in) == len(vals) \
+                and all(nodes.find(node_of_value[v]) == home for v in vals)
+            candidates, is_epi = ([home], True) if pure else ([], False)
+        joined = None
+        for r in candidates:
+            others = [p for p in producers if p != r]
+            if nodes.reaches(others, r):
+                continue
+            if joined is None:
+                joined = r
+            elif nodes.can_merge(joined, r) and not any(_has_epilogue_output(region_ops[x], epilogue)
+                                                        for x in (joined, r) if x != candidates[0]):
+                ops_a, ops_b = region_ops.pop(joined), region_ops.pop(r)
+                joined = nodes.union(joined, r)
+                region_ops[joined] = ops_a + ops_b
+        if joined is None:
+            joined = op.index
+            nodes.add(joined)
+            region_ops[joined] = []
+        region_ops[joined].append(op)
+        nodes.deps[joined] |= {p for p in producers if p != joined}
+        for o in op.outputs:
+            node_of_value[o.id] = joined
+            if is_epi:
+                epilogue.add(o.id)
+
+    if fits is not None:
+        _merge_siblings(graph, nodes, region_ops, fits)
+    return Partition(_collect(graph, nodes, region_ops), tuple(unsupported))
+
+
+def _has_epilogue_output(ops, epilogue) -> bool:
+    return any(o.id in epilogue for op in ops for o in op.outputs)
+
+
+def _merge_siblings(graph, nodes: _Nodes, region_ops: dict, fits):
+    """Merge regions that read a common input and do not depend on each other (one pass over inputs)."""
+    readers: dict[int, list] = {}
+    for root, rops in region_ops.items():
+        for op in rops:
+            for a in op.inputs:
+                if isinstance(a, ir.Value) and root not in readers.setdefault(a.id, []):
+                    readers[a.id].append(root)
+    for vid in sorted(readers):
+        group = readers[vid]
+        for i in range(len(group)):
+            for j in range(i + 1, len(group)):
+                a, b = nodes.find(group[i]), nodes.find(group[j])
+                if a == b or a not in region_ops or b not in region_ops:
+                    continue
+                if nodes.reaches([a], b) or nodes.reaches([b], a):
+                    continue
+                merged = sorted(region_ops[a] + region_ops[b], key=lambda op: op.index)
+                if not fits(_make_region(graph, -1, merged, set())):
+                    continue
+                del region_ops[a], region_ops[b]
+                root = nodes.union(a, b)
+                region_ops[root] = merged
+
+
+def _consumers(graph: ir.Graph) -> dict[int, set[int]]:
+    out: dict[int, set[int]] = {}
+    for op in graph.ops:
+        for a in op.inputs:
+            if isinstance(a, ir.Value):
+                out.setdefault(a.id, set()).add(op.index)
+    return out
+
+
+def _make_region(graph: ir.Graph, rid: int, rops: list[ir.Op], _unused) -> Region:
+    members = {op.index for op in rops}
+    produced = {o.id for op in rops for o in op.outputs}
+    consumers = _consumers(graph)
+    graph_out = {a.id for a in graph.outputs if isinstance(a, ir.Value)}
+    inputs, seen = [], set()
+    for op in rops:
+        for a in op.inputs:
+            if isinstance(a, ir.Value) and a.id not in produced and a.id not in seen:
+                seen.add(a.id)
+                inputs.append(a)
+    outputs = [o for op in rops for o in op.outputs
+               if o.id in graph_out or any(c not in members for c in consumers.get(o.id, ()))]
+    return Region(rid, tuple(rops), tuple(inputs), tuple(outputs))
+
+
+def _collect(graph: ir.Graph, nodes: _Nodes, region_ops: dict) -> tuple[Region, ...]:
+    ordered = sorted(region_ops.values(), key=lambda rops: min(op.index for op in rops))
+    return tuple(_make_region(graph, i, sorted(rops, key=lambda op: op.index), set())
+                 for i, rops in enumerate(ordered))

@@ -1,0 +1,92 @@
+"""The compiler pipeline, one pure stage after another: trace -> partition -> plan -> codegen -> NVRTC."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+from . import partition as partition_mod, trace as trace_mod
+from .config import Config
+from .kernels import cache, nvrtc
+from .lowering import codegen
+from .plan import RegionPlan, Unplannable, plan_region
+from .plan.layout import place
+from .targets import Target
+
+log = logging.getLogger("jaxstitch")
+
+
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """A region after codegen and NVRTC: source and cubin, or the error that sent it back to XLA."""
+
+    plan: RegionPlan
+    source: str | None
+    key: str | None
+    cubin: bytes | None = dataclasses.field(repr=False)
+    error: str | None
+
+    @property
+    def stitched(self) -> bool:
+        return self.plan.stitched and self.cubin is not None
+
+    @property
+    def reason(self) -> str | None:
+        return self.plan.reason or self.error
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+    traced: trace_mod.Traced
+    partition: partition_mod.Partition
+    regions: tuple[Compiled, ...]
+    target: Target
+
+
+def compile_region(plan: RegionPlan, target: Target, cfg: Config) -> Compiled:
+    if not plan.stitched:
+        return Compiled(plan, None, None, None, None)
+    try:
+        source = codegen.render(plan.kernel)
+    except Unplannable as e:
+        return Compiled(plan, None, None, None, f"codegen: {e}")
+    try:
+        key, cubin = cache.get_cubin(source.code, target.arch, cfg.cache_dir)
+    except nvrtc.CompileError as e:
+        log.warning("jaxstitch: region %d falls back to XLA: %s", plan.region.id, str(e).splitlines()[0])
+        return Compiled(plan, source.code, None, None, f"NVRTC: {e}")
+    return Compiled(plan, source.code, key, cubin, None)
+
+
+def _fits_one_kernel(region) -> bool:
+    try:
+        place(region)
+        return True
+    except Unplannable:
+        return False
+
+
+def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
+    traced = trace_mod.trace(fun, flat_args, in_tree, static)
+    part = partition_mod.partition(traced.graph, fits=_fits_one_kernel)
+    regions = tuple(compile_region(plan_region(r, target), target, cfg) for r in part.regions)
+    program = Program(traced, part, regions, target)
+    if cfg.dump_dir:
+        _dump(program, cfg.dump_dir)
+    return program
+
+
+def _dump(program: Program, dump_dir: str):
+    from .report import make_report
+
+    os.makedirs(dump_dir, exist_ok=True)
+    for c in program.regions:
+        rid = c.plan.region.id
+        if c.source:
+            with open(os.path.join(dump_dir, f"region{rid}.cu"), "w") as f:
+                f.write(c.source)
+        with open(os.path.join(dump_dir, f"region{rid}.plan.txt"), "w") as f:
+            f.write(repr(c.plan.kernel) + "\n" + repr(c.plan.estimate) + f"\nreason: {c.reason}\n")
+    with open(os.path.join(dump_dir, "report.txt"), "w") as f:
+        f.write(str(make_report(program)) + "\n")

@@ -1,0 +1,62 @@
+"""A roofline cost model for one region: our single kernel against what XLA does with it.
+
+Both sides are estimates from bytes and launches. XLA is modelled the way it fuses today: elementwise
+chains and one-pass reductions become one kernel (so stitching them gains little), while every
+reduction whose result is broadcast back splits the computation into another kernel that re-reads its
+inputs and round-trips an intermediate, and every column reduction is its own kernel.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ..targets import Target
+from .layout import COL, EPILOGUE, FULL, ROW, Layout
+
+OUR_EFFICIENCY = 0.9        # fraction of copy bandwidth a register-resident row kernel reaches
+XLA_ONE_PASS_EFFICIENCY = 0.72  # XLA's single-kernel row reductions (DESIGN.md: 65-80%)
+XLA_EFFICIENCY = 0.85
+MIN_GAIN = 1.03              # stitch only when the estimate wins by at least this much
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    bytes: int
+    us: float
+    xla_kernels: int
+    xla_bytes: int
+    xla_us: float
+
+    @property
+    def speedup(self) -> float:
+        return self.xla_us / self.us if self.us else 1.0
+
+
+def _nbytes(p, layout: Layout) -> int:
+    n, c = layout.n_rows, layout.n_cols
+    elems = {FULL: n * c, ROW: n, COL: c}.get(p.declared, 1)
+    return elems * p.value.itemsize
+
+
+def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
+             cooperative: bool, target: Target) -> Estimate:
+    bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
+    io = [layout.of(v) for v in inputs] + [layout.of(v) for v in outputs]
+    must_move = sum(_nbytes(p, layout) for p in io)
+    ours = (must_move + 2 * workspace_bytes) / (bw * OUR_EFFICIENCY) + target.launch_us
+    if cooperative:
+        ours += target.grid_sync_us
+    full_in = sum(_nbytes(layout.of(v), layout) for v in inputs if layout.of(v).declared == FULL)
+    row_levels = max((p.level for p in layout.values if p.level != EPILOGUE), default=0)
+    n_full_out = sum(1 for v in outputs if layout.of(v).declared == FULL)
+    f32_full = layout.n_rows * layout.n_cols * 4
+    if row_levels == 0 and n_grid_reductions == 0:
+        xla_kernels, xla_bytes, eff = 1, must_move, OUR_EFFICIENCY
+    elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1:
+        xla_kernels, xla_bytes, eff = 1, must_move, XLA_ONE_PASS_EFFICIENCY
+    else:
+        splits = max(0, row_levels - 1)
+        xla_kernels = 1 + splits + n_grid_reductions
+        xla_bytes = must_move + splits * (full_in + 2 * f32_full) + n_grid_reductions * f32_full
+        eff = XLA_EFFICIENCY
+    xla = xla_bytes / (bw * eff) + xla_kernels * target.launch_us
+    return Estimate(must_move, ours, xla_kernels, xla_bytes, xla)

@@ -1,0 +1,211 @@
+"""Place every value of a region in the (rows x cols) space of its kernel.
+
+A region's kernel walks a 2-D space: N rows (the kept leading axes) times C columns (the reduced
+trailing axes), both flattened in row-major order, so reshapes that only merge or split axes inside one
+part move no data. Each value has a *declared* kind (what its shape spans) and a *storage* kind (what
+it actually varies over: a broadcast row value stays one scalar per row in registers).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .. import ir, ops as opdefs
+from ..partition import Region
+
+SCALAR, ROW, COL, FULL = "scalar", "row", "col", "full"
+_JOIN = {frozenset({SCALAR}): SCALAR, frozenset({ROW}): ROW, frozenset({COL}): COL}
+EPILOGUE = -1  # level of values that exist only after the grid-wide reduction
+
+
+class Unplannable(Exception):
+    """The region cannot be expressed in one row-space kernel; the message is the reason shown."""
+
+
+def join(kinds) -> str:
+    ks = frozenset(kinds) - {SCALAR}
+    if not ks:
+        return SCALAR
+    if FULL in ks or ks == {ROW, COL}:
+        return FULL
+    return next(iter(ks))
+
+
+@dataclasses.dataclass(frozen=True)
+class Placed:
+    value: ir.Value
+    declared: str
+    storage: str
+    level: int
+    iota: tuple[int, int] | None = None  # (stride, size) inside its part, for iota values
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    n_rows: int
+    n_cols: int
+    values: tuple[Placed, ...]
+
+    def __post_init__(self):
+        object.__setattr__(self, "_by_id", {p.value.id: p for p in self.values})
+
+    def of(self, v: ir.Value) -> Placed:
+        return self._by_id[v.id]
+
+    @property
+    def levels(self) -> int:
+        return max((p.level for p in self.values), default=0)
+
+
+def row_space(region: Region) -> tuple[int, int]:
+    """(N, C): from the row reductions if any, else a column reduction, else the largest value."""
+    shapes = set()
+    for op in region.ops:
+        if op.prim in opdefs.REDUCTIONS and opdefs.reduce_kind(op) == "row":
+            s, axes = op.inputs[0].shape, op.param("axes")
+            shapes.add((math.prod(d for i, d in enumerate(s) if i not in axes), math.prod(s[a] for a in axes)))
+    if len(shapes) > 1:
+        raise Unplannable(f"row reductions over different row lengths {sorted(shapes)}")
+    if shapes:
+        return shapes.pop()
+    for op in region.ops:
+        if op.prim in opdefs.REDUCTIONS and opdefs.reduce_kind(op) == "grid":
+            s, axes = op.inputs[0].shape, op.param("axes")
+            reduced = math.prod(s[a] for a in axes)
+            if reduced != math.prod(s):
+                return reduced, math.prod(s) // reduced
+    big = max((o for op in region.ops for o in op.outputs), key=lambda v: v.size)
+    biggest = max([big] + list(region.inputs), key=lambda v: v.size)
+    shape = biggest.shape or (1,)
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def _split(shape, n_rows) -> int:
+    """Index j where shape[:j] spans the rows (the first such j)."""
+    prod = 1
+    for j, d in enumerate(shape):
+        if prod == n_rows:
+            return j
+        prod *= d
+    if prod == n_rows:
+        return len(shape)
+    raise Unplannable(f"shape {shape} does not split into {n_rows} rows")
+
+
+def _declared(v: ir.Value, n: int, c: int, hint: str | None = None) -> str:
+    size = v.size
+    options = [k for k, s in ((SCALAR, 1), (FULL, n * c), (ROW, n), (COL, c)) if s == size]
+    if not options:
+        raise Unplannable(f"value of shape {v.shape} is neither a row, a column, a scalar nor the full {n}x{c}")
+    if len(options) == 1:
+        return options[0]
+    if hint in options:
+        return hint
+    return options[0] if options[0] in (SCALAR, FULL) else _ambiguous(v, options)
+
+
+def _ambiguous(v, options):
+    raise Unplannable(f"shape {v.shape} is ambiguous between {' and '.join(options)}")
+
+
+def place(region: Region) -> Layout:
+    n, c = row_space(region)
+    placed: dict[int, Placed] = {}
+    hints = _input_hints(region, n, c)
+    for v in region.inputs:
+        d = _declared(v, n, c, hints.get(v.id))
+        placed[v.id] = Placed(v, d, d, 0)
+
+    def get(a):
+        return placed[a.id] if isinstance(a, ir.Value) else None
+
+    for op in region.ops:
+        ins = [get(a) for a in op.inputs]
+        vals = [p for p in ins if p is not None]
+        epi = bool(vals) and all(p.level == EPILOGUE for p in vals)
+        level = EPILOGUE if epi else max((p.level for p in vals), default=0)
+        out = op.outputs[0]
+        if op.prim in opdefs.ELEMENTWISE:
+            hint = vals[0].declared if vals else None
+            decl = _declared(out, n, c, hint)
+            placed[out.id] = Placed(out, decl, join(p.storage for p in vals), level)
+        elif opdefs.is_layout(op) and not vals:  # a broadcast literal
+            placed[out.id] = Placed(out, _declared(out, n, c), SCALAR, 0)
+        elif opdefs.is_layout(op):
+            src = vals[0]
+            decl = _declared(out, n, c, src.declared if out.size == src.value.size else None)
+            if op.prim == "broadcast_in_dim" and src.storage in (ROW, COL) and decl == FULL:
+                _check_broadcast(op, src, n)
+            placed[out.id] = Placed(out, decl, src.storage, level)
+        elif op.prim == "iota":
+            placed[out.id] = _place_iota(op, n, c)
+        elif op.prim in opdefs.REDUCTIONS:
+            placed[out.id] = _place_reduction(op, ins[0], n, c)
+        else:
+            raise Unplannable(f"{op.prim} has no placement rule")
+        if any(o.size != out.size for o in op.outputs[1:]):
+            raise Unplannable(f"{op.prim} has outputs of different sizes")
+    for v in region.outputs:
+        p = placed[v.id]
+        if p.level != EPILOGUE and p.declared == COL and p.storage == FULL:
+            raise Unplannable("a column value varies over rows")
+    return Layout(n, c, tuple(placed[v.id] for v in region.inputs)
+                  + tuple(placed[o.id] for op in region.ops for o in op.outputs[:1]))
+
+
+def _input_hints(region: Region, n: int, c: int) -> dict[int, str]:
+    """For inputs whose size fits both a row and a column (N == C), the kind their broadcasts give."""
+    hints = {}
+    for op in region.ops:
+        if op.prim == "broadcast_in_dim" and isinstance(op.inputs[0], ir.Value):
+            src, out = op.inputs[0], op.outputs[0]
+            if out.size != n * c or src.size in (1, n * c):
+                continue
+            j = _split(out.shape, n)
+            dims = [d for i, d in zip(range(len(src.shape)), op.param("broadcast_dimensions")) if src.shape[i] != 1]
+            hints[src.id] = ROW if all(d < j for d in dims) else COL
+    return hints
+
+
+def _check_broadcast(op: ir.Op, src: Placed, n: int):
+    out = op.outputs[0]
+    j = _split(out.shape, n)
+    dims = [d for i, d in enumerate(op.param("broadcast_dimensions")) if src.value.shape[i] != 1]
+    if src.declared == ROW and not all(d < j for d in dims):
+        raise Unplannable(f"broadcast of a row value {src.value.shape} into columns {out.shape}")
+    if src.declared == COL and not all(d >= j for d in dims):
+        raise Unplannable(f"broadcast of a column value {src.value.shape} into rows {out.shape}")
+
+
+def _place_iota(op: ir.Op, n: int, c: int) -> Placed:
+    out = op.outputs[0]
+    decl = _declared(out, n, c, COL)
+    shape, dim = out.shape, op.param("dimension")
+    if decl == FULL:
+        j = _split(shape, n)
+        part = shape[j:] if dim >= j else shape[:j]
+        local = dim - j if dim >= j else dim
+        storage = COL if dim >= j else ROW
+    else:
+        part, local, storage = shape, dim, decl
+    stride = math.prod(part[local + 1:])
+    return Placed(out, decl, storage, 0, (stride, shape[dim]))
+
+
+def _place_reduction(op: ir.Op, src: Placed, n: int, c: int) -> Placed:
+    out = op.outputs[0]
+    kind = opdefs.reduce_kind(op)
+    if kind == "row":
+        if src.declared != FULL:
+            raise Unplannable(f"{op.prim} reduces a {src.declared} value over part of it")
+        return Placed(out, _declared(out, n, c, ROW), ROW, src.level + 1)
+    if kind == "grid":
+        if src.level == EPILOGUE:
+            raise Unplannable("a grid-wide reduction of a value that is itself grid-reduced")
+        if src.declared == COL:
+            raise Unplannable("a reduction of a column value")
+        decl = _declared(out, n, c, COL if out.size == c and src.declared == FULL else SCALAR)
+        if decl == ROW:
+            raise Unplannable(f"{op.prim} over the leading axes of a row value")
+        return Placed(out, decl, decl, EPILOGUE)
+    raise Unplannable(f"{op.prim} over axes {op.param('axes')}")

@@ -1,0 +1,96 @@
+"""Plan one region: place its values, pick the thread mapping, lay out the grid workspace, cost it."""
+from __future__ import annotations
+
+import dataclasses
+
+from .. import ir, ops as opdefs
+from ..partition import Region
+from ..targets import Target
+from . import cost, mapping as mapping_mod
+from .layout import COL, EPILOGUE, FULL, ROW, SCALAR, Layout, Unplannable, place
+from .mapping import Mapping
+
+BARRIER_BYTES = 16  # the grid barrier's counter at the head of the workspace
+
+
+@dataclasses.dataclass(frozen=True)
+class GridReduction:
+    """A value reduced over the whole grid: per-block partials at `offset` (floats) in the workspace."""
+
+    value_id: int
+    offset: int
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelPlan:
+    region: Region
+    layout: Layout
+    mapping: Mapping
+    grid_reductions: tuple[GridReduction, ...]
+    workspace_bytes: int
+
+    @property
+    def scheme(self) -> str:
+        """AStitch's name for where one-to-many values live: registers, shared or global memory."""
+        if self.grid_reductions:
+            return "global"
+        has_row_reduce = any(p.level > 0 for p in self.layout.values)
+        return "regional" if has_row_reduce and self.mapping.tpr > 32 else "local"
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionPlan:
+    region: Region
+    kernel: KernelPlan | None
+    estimate: cost.Estimate | None
+    reason: str | None
+
+    @property
+    def stitched(self) -> bool:
+        return self.kernel is not None and self.reason is None
+
+
+def _live_arrays(region: Region, layout: Layout) -> int:
+    """Arrays a thread holds at once: wide inputs, column accumulators, values kept across a reduction."""
+    count = 2
+    level_of = {p.value.id: p.level for p in layout.values}
+    for v in region.inputs:
+        if layout.of(v).storage in (FULL, COL):
+            count += 1
+    for op in region.ops:
+        for a in op.inputs:
+            if isinstance(a, ir.Value) and layout.of(a).storage == FULL and a not in region.inputs:
+                if level_of.get(op.outputs[0].id, 0) > level_of[a.id] and op.prim not in opdefs.REDUCTIONS:
+                    count += 1
+        if opdefs.is_grid_reduction(op) and layout.of(op.outputs[0]).declared == COL:
+            count += 1
+    return count
+
+
+def plan_region(region: Region, target: Target) -> RegionPlan:
+    try:
+        layout = place(region)
+        grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
+        if any(op.prim in ("argmax", "argmin") for op in grid_ops):
+            raise Unplannable("argmax/argmin over the whole grid")
+        mp = mapping_mod.choose(layout, list(region.inputs) + list(region.outputs),
+                                _live_arrays(region, layout), bool(grid_ops), target)
+        reductions, offset = [], BARRIER_BYTES // 4
+        for op in grid_ops:
+            size = layout.n_cols if layout.of(op.outputs[0]).declared == COL else 1
+            reductions.append(GridReduction(op.outputs[0].id, offset, size))
+            offset += mp.grid * size
+        ws = offset * 4 if grid_ops else 0
+        kernel = KernelPlan(region, layout, mp, tuple(reductions), ws)
+    except Unplannable as e:
+        return RegionPlan(region, None, None, str(e))
+    est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, mp.cooperative, target)
+    reason = None
+    if est.speedup < cost.MIN_GAIN:
+        if est.xla_kernels == 1:
+            reason = (f"XLA already runs this as one kernel (est. {est.xla_us:.1f} us vs {est.us:.1f} us "
+                      "stitched): nothing to gain")
+        else:
+            reason = f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA"
+    return RegionPlan(region, kernel, est, reason)

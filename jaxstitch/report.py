@@ -1,0 +1,83 @@
+"""What `jaxstitch.explain` returns: per region, what was stitched, how, and why not."""
+from __future__ import annotations
+
+import dataclasses
+
+from .pipeline import Program
+
+
+@dataclasses.dataclass(frozen=True)
+class RegionReport:
+    index: int
+    ops: tuple[str, ...]
+    stitched: bool
+    kernels: int              # launches for this region: 1 when stitched, else XLA's (estimated)
+    scheme: str | None        # local (registers) / regional (shared memory) / global (grid barrier)
+    mapping: str | None
+    rows: int | None
+    cols: int | None
+    grid: int | None
+    block: int | None
+    est_bytes: int | None
+    est_us: float | None
+    xla_kernels: int | None
+    xla_est_us: float | None
+    reason: str | None
+    cache_key: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    target: str
+    regions: tuple[RegionReport, ...]
+    xla_ops: tuple[tuple[str, str], ...]   # (primitive, why it stays with XLA), one per distinct pair
+
+    @property
+    def stitched_kernels(self) -> int:
+        return sum(r.kernels for r in self.regions if r.stitched)
+
+    def __str__(self) -> str:
+        head = (f"jaxstitch plan for {self.target}: {len(self.regions)} regions, "
+                f"{sum(r.stitched for r in self.regions)} stitched into {self.stitched_kernels} kernels")
+        cols = ("#", "ops", "stitched", "kernels", "scheme", "mapping", "rows x cols", "est us", "xla us", "reason")
+        rows = []
+        for r in self.regions:
+            ops = f"{len(r.ops)}: " + ",".join(sorted(set(r.ops)))[:40]
+            rows.append((str(r.index), ops, "yes" if r.stitched else "no",
+                         str(r.kernels), r.scheme or "-", r.mapping or "-",
+                         f"{r.rows}x{r.cols}" if r.rows else "-",
+                         f"{r.est_us:.1f}" if r.est_us is not None else "-",
+                         f"{r.xla_est_us:.1f}" if r.xla_est_us is not None else "-",
+                         r.reason or ""))
+        widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
+        lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, widths))]
+        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
+        if self.xla_ops:
+            lines.append("left to XLA: " + "; ".join(f"{p} ({why})" for p, why in self.xla_ops))
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, p, cycle):  # IPython
+        p.text(str(self))
+
+
+def make_report(program: Program) -> Report:
+    regions = []
+    for c in program.regions:
+        plan, k, est = c.plan, c.plan.kernel, c.plan.estimate
+        m = k.mapping if k else None
+        regions.append(RegionReport(
+            index=plan.region.id, ops=tuple(op.prim for op in plan.region.ops), stitched=c.stitched,
+            kernels=1 if c.stitched else (est.xla_kernels if est else 1),
+            scheme=k.scheme if k else None, mapping=m.name if m else None,
+            rows=m.n_rows if m else None, cols=m.n_cols if m else None,
+            grid=m.grid if m else None, block=m.block if m else None,
+            est_bytes=est.bytes if est else None, est_us=est.us if est else None,
+            xla_kernels=est.xla_kernels if est else None, xla_est_us=est.xla_us if est else None,
+            reason=c.reason, cache_key=c.key))
+    ops = program.traced.graph.ops
+    seen = []
+    for idx, why in program.partition.unsupported:
+        pair = (ops[idx].prim, why)
+        if pair not in seen:
+            seen.append(pair)
+    return Report(program.target.name, tuple(regions), tuple(seen))

@@ -1,0 +1,93 @@
+"""Rebuild a traced function with its stitched regions replaced by `stitch` primitives."""
+from __future__ import annotations
+
+import heapq
+
+from . import ir, trace as trace_mod
+from .config import load as load_config
+from .lowering.codegen import KERNEL_NAME
+from .lowering.primitive import Launch, stitch
+from .pipeline import Compiled, Program
+
+
+def _launch(c: Compiled, poison: bool) -> Launch:
+    m = c.plan.kernel.mapping
+    return Launch(c.key, c.cubin, KERNEL_NAME, m.grid, m.block, 0, m.cooperative,
+                  c.plan.kernel.workspace_bytes, poison)
+
+
+def _schedule(program: Program):
+    """Equations and stitched regions in a dependency order (Kahn's algorithm, program order first)."""
+    eqns = program.traced.eqns
+    node_of = {}
+    nodes = {}
+    for c in program.regions:
+        if c.stitched:
+            r = c.plan.region
+            for op in r.ops:
+                node_of[op.index] = ("r", r.id)
+            nodes[("r", r.id)] = c
+    for i in range(len(eqns)):
+        node_of.setdefault(i, ("e", i))
+        nodes.setdefault(node_of[i], None)
+    producer = {o.id: node_of[i] for i, e in enumerate(eqns) for o in e.outputs}
+    deps = {n: set() for n in nodes}
+    users = {n: set() for n in nodes}
+    first = {}
+    for i, e in enumerate(eqns):
+        n = node_of[i]
+        first.setdefault(n, i)
+        for a in e.inputs:
+            if isinstance(a, ir.Value) and a.id in producer and producer[a.id] != n:
+                deps[n].add(producer[a.id])
+                users[producer[a.id]].add(n)
+    ready = [(first[n], n) for n in nodes if not deps[n]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, n = heapq.heappop(ready)
+        order.append(n)
+        for u in users[n]:
+            deps[u].discard(n)
+            if not deps[u]:
+                heapq.heappush(ready, (first[u], u))
+    if len(order) != len(nodes):
+        raise RuntimeError("jaxstitch: the region graph has a cycle (a partitioning bug)")
+    return [(n, nodes[n]) for n in order]
+
+
+def make_runner(program: Program):
+    """A function of the dynamic flat arguments returning the flat outputs."""
+    traced = program.traced
+    schedule = _schedule(program)
+    region_fns = {}
+    poison = load_config().poison
+    for (kind, rid), c in schedule:
+        if kind == "r":
+            r = c.plan.region
+            region_eqns = [traced.eqns[op.index] for op in r.ops]
+            closed = trace_mod.region_jaxpr(region_eqns, r.inputs, r.outputs, traced.consts)
+            region_fns[rid] = (r, closed, _launch(c, poison))
+
+    def run(*flat_args):
+        env = dict(traced.consts)
+        for v, a in zip(traced.graph.inputs, flat_args):
+            env[v.id] = a
+
+        def read(a):
+            return trace_mod.evaluate([], [], [], [a])[0] if isinstance(a, ir.Const) else env[a.id]
+
+        for (kind, idx), _ in schedule:
+            if kind == "e":
+                eqn = traced.eqns[idx]
+                outs = trace_mod.bind_eqn(eqn, [read(a) for a in eqn.inputs])
+                for v, o in zip(eqn.outputs, outs):
+                    env[v.id] = o
+            else:
+                r, closed, launch = region_fns[idx]
+                outs = stitch([read(v) for v in r.inputs], jaxpr=closed, launch=launch)
+                for v, o in zip(r.outputs, outs):
+                    env[v.id] = o
+        return [read(a) for a in traced.graph.outputs]
+
+    return run

@@ -1,0 +1,57 @@
+"""GPU targets: the few numbers planning needs, so a CPU-only machine can plan for any of them."""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    name: str
+    arch: str                 # NVRTC --gpu-architecture
+    sm_count: int
+    max_threads_per_sm: int
+    regs_per_sm: int
+    smem_per_block: int       # bytes without opting in
+    bandwidth_gbs: float      # achievable read+write HBM bandwidth of a plain elementwise kernel
+    launch_us: float          # one kernel inside an XLA command buffer
+    grid_sync_us: float       # one grid-wide barrier
+
+
+# Bandwidths are what a plain elementwise kernel reached on our machines (DESIGN.md), not datasheets.
+TARGETS = {
+    "h100": Target("h100", "sm_90", 132, 2048, 65536, 48 * 1024, 3000.0, 2.7, 2.5),
+    "h200": Target("h200", "sm_90", 132, 2048, 65536, 48 * 1024, 4000.0, 2.7, 2.5),
+    "a100": Target("a100", "sm_80", 108, 2048, 65536, 48 * 1024, 1700.0, 3.0, 3.0),
+}
+
+
+def get_target(name: str | Target) -> Target:
+    if isinstance(name, Target):
+        return name
+    if not isinstance(name, str):
+        raise TypeError(f"target must be a GPU name like 'h100' or a Target, got {type(name).__name__}")
+    key = name.lower().replace("nvidia", "").replace(" ", "").replace("-", "")
+    for known, tgt in TARGETS.items():
+        if key.startswith(known):
+            return tgt
+    raise ValueError(f"target={name!r} is not a known GPU; known: {', '.join(sorted(TARGETS))}")
+
+
+def detect() -> Target | None:
+    """The target for the first local CUDA device, or None without one."""
+    import jax
+
+    try:
+        devices = jax.devices("gpu")
+    except RuntimeError:
+        return None
+    if not devices or devices[0].platform not in ("gpu", "cuda"):
+        return None
+    kind = devices[0].device_kind or ""
+    for known, tgt in TARGETS.items():
+        if known in kind.lower():
+            return tgt
+    cc = getattr(devices[0], "compute_capability", "9.0")
+    base = TARGETS["h100"]
+    sms = getattr(devices[0], "core_count", base.sm_count)
+    return dataclasses.replace(base, name=kind, arch="sm_" + str(cc).replace(".", ""), sm_count=sms)

@@ -1,0 +1,187 @@
+"""Trace a function to a flat equation list and a frozen `ir.Graph`.
+
+This is the one module that walks jaxprs. It inlines `pjit`/`closed_call`/`custom_jvp_call`/
+`custom_vjp_call`/`checkpoint` bodies (jax.nn wraps its functions in them) so regions can span them;
+everything else is kept as an opaque equation that `rebuild` binds again unchanged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+from jax.extend import core as jcore
+
+from . import ir
+
+_INLINED = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+            "custom_vjp_call_jaxpr", "checkpoint", "remat")
+_JAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Eqn:
+    """A flat equation: the primitive and params to bind again, over ir atoms."""
+
+    primitive: Any
+    params: dict
+    inputs: tuple[ir.Atom, ...]
+    outputs: tuple[ir.Value, ...]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Traced:
+    graph: ir.Graph
+    eqns: tuple[Eqn, ...]
+    consts: dict  # value id -> array captured by the jaxpr
+    out_tree: Any
+
+
+def _dtype_name(dtype) -> str:
+    try:
+        return np.dtype(dtype).name
+    except TypeError:  # extended dtypes (PRNG keys) never join a region
+        return str(dtype)
+
+
+def _hashable_params(params: dict) -> tuple[tuple[str, Any], ...]:
+    """The params planning may read, in a hashable canonical form; jaxprs and callables are dropped."""
+    out = []
+    for key in sorted(params):
+        val = params[key]
+        if isinstance(val, (bool, int, float, str)) or val is None:
+            out.append((key, val))
+        elif isinstance(val, (tuple, list)) and all(isinstance(v, (int, np.integer)) for v in val):
+            out.append((key, tuple(int(v) for v in val)))
+        elif isinstance(val, np.dtype) or (isinstance(val, type) and issubclass(val, np.generic)):
+            out.append((key, _dtype_name(val)))
+        elif hasattr(val, "dtype") and hasattr(val, "itemsize") and not hasattr(val, "shape"):
+            out.append((key, _dtype_name(val)))
+    return tuple(out)
+
+
+def _inner_jaxpr(eqn):
+    for name in _JAXPR_PARAMS:
+        inner = eqn.params.get(name)
+        if inner is None:
+            continue
+        if isinstance(inner, jcore.ClosedJaxpr):
+            return inner.jaxpr, inner.consts
+        if isinstance(inner, jcore.Jaxpr):
+            return inner, ()
+    return None
+
+
+class _Flattener:
+    def __init__(self):
+        self.ids = itertools.count()
+        self.eqns: list[Eqn] = []
+        self.consts: dict[int, Any] = {}
+
+    def new_value(self, aval) -> ir.Value:
+        return ir.Value(next(self.ids), tuple(int(d) for d in aval.shape), _dtype_name(aval.dtype))
+
+    def atom(self, env, x) -> ir.Atom:
+        if isinstance(x, jcore.Literal):
+            val = x.val
+            if isinstance(val, np.ndarray) and val.shape == ():
+                val = val.item()
+            elif hasattr(val, "shape") and getattr(val, "shape", None) == ():
+                val = np.asarray(val).item()
+            if np.ndim(val) != 0:  # a non-scalar literal: keep it as a captured constant
+                v = self.new_value(x.aval)
+                self.consts[v.id] = val
+                return v
+            return ir.Const(val, _dtype_name(x.aval.dtype))
+        return env[x]
+
+    def run(self, jaxpr, consts, in_atoms) -> list[ir.Atom]:
+        env = {}
+        for var, c in zip(jaxpr.constvars, consts):
+            v = self.new_value(var.aval)
+            self.consts[v.id] = c
+            env[var] = v
+        for var, a in zip(jaxpr.invars, in_atoms):
+            env[var] = a
+        for eqn in jaxpr.eqns:
+            ins = [self.atom(env, x) for x in eqn.invars]
+            inner = _inner_jaxpr(eqn) if eqn.primitive.name in _INLINED else None
+            if inner is not None:
+                outs = self.run(inner[0], inner[1], ins)
+                for var, o in zip(eqn.outvars, outs):
+                    env[var] = o
+                continue
+            outs = tuple(self.new_value(v.aval) for v in eqn.outvars)
+            for var, o in zip(eqn.outvars, outs):
+                env[var] = o
+            self.eqns.append(Eqn(eqn.primitive, dict(eqn.params), tuple(ins), outs))
+        return [self.atom(env, x) for x in jaxpr.outvars]
+
+
+def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None = None) -> Traced:
+    """Trace `fun(*args, **kwargs)` given the dynamic leaves of `(args, kwargs)` (arrays, tracers or
+    ShapeDtypeStructs); `static` maps the positions of the other leaves to their Python values."""
+    out_tree_box = []
+    static = static or {}
+    n_leaves = len(flat_args) + len(static)
+
+    def flat_fun(*dyn):
+        it = iter(dyn)
+        leaves = [static[i] if i in static else next(it) for i in range(n_leaves)]
+        args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
+        out = fun(*args, **kwargs)
+        leaves, tree = jax.tree_util.tree_flatten(out)
+        out_tree_box.append(tree)
+        return leaves
+
+    closed = jax.make_jaxpr(flat_fun)(*flat_args)
+    fl = _Flattener()
+    inputs = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
+    outputs = fl.run(closed.jaxpr, closed.consts, inputs)
+    ops = tuple(
+        ir.Op(i, e.primitive.name, e.inputs, e.outputs, _hashable_params(e.params))
+        for i, e in enumerate(fl.eqns)
+    )
+    graph = ir.Graph(inputs, tuple(outputs), ops)
+    return Traced(graph, tuple(fl.eqns), fl.consts, out_tree_box[0])
+
+
+def aval_of(v: ir.Value):
+    return jax.ShapeDtypeStruct(v.shape, np.dtype(v.dtype) if v.dtype != "bfloat16" else jax.numpy.bfloat16)
+
+
+def bind_eqn(eqn: Eqn, args: Sequence[Any]) -> list:
+    out = eqn.primitive.bind(*args, **eqn.params)
+    return list(out) if eqn.primitive.multiple_results else [out]
+
+
+def evaluate(eqns: Sequence[Eqn], in_values: Sequence[ir.Value], args, out_atoms, consts=None):
+    """Evaluate equations over ir atoms by binding each primitive again (a tiny jaxpr interpreter)."""
+    env = dict(consts or {})
+    for v, a in zip(in_values, args):
+        env[v.id] = a
+
+    def read(a):
+        if isinstance(a, ir.Const):
+            return np.array(a.value, dtype=jax.numpy.dtype(a.dtype))
+        return env[a.id]
+
+    for eqn in eqns:
+        outs = bind_eqn(eqn, [read(a) for a in eqn.inputs])
+        for v, o in zip(eqn.outputs, outs):
+            env[v.id] = o
+    return [read(a) for a in out_atoms]
+
+
+def region_jaxpr(eqns: Sequence[Eqn], in_values: Sequence[ir.Value], out_values: Sequence[ir.Value], consts):
+    """A ClosedJaxpr computing a region's outputs from its inputs (the XLA fallback and for transforms)."""
+    def fn(*args):
+        return evaluate(eqns, in_values, args, out_values, consts)
+
+    return jax.make_jaxpr(fn)(*[aval_of(v) for v in in_values])
+
+
+def jaxpr_as_fun(closed):
+    return jcore.jaxpr_as_fun(closed)

@@ -1,0 +1,202 @@
+"""Benchmark workloads: memory-bound model pieces where XLA splits kernels and AStitch stitches them.
+
+Each `Workload` holds a plain (not jitted) JAX function and a way to draw its inputs. The model code
+(layer norm, RMS norm, softmax, cross-entropy, bias-GELU-dropout) is written as named top-level
+functions, so tests and examples can use them directly. Half-precision inputs are upcast to float32 for
+the statistics and cast back, as Flax does.
+
+Sizes: "full" shapes move tens of MB to ~1 GB per call (sized for an H100/H200); "quick" shapes a few
+MB (CPU tests, smoke runs).
+"""
+from __future__ import annotations
+
+import dataclasses
+from functools import partial
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+F32 = jnp.float32
+LN_EPS = 1e-5
+RMS_EPS = 1e-6
+VOCAB = 32000
+DROPOUT_RATE = 0.1
+
+
+# ----------------------------------------------------------------------------------------------------
+# Model code
+# ----------------------------------------------------------------------------------------------------
+
+def layernorm(x, gamma, beta, eps=LN_EPS):
+    """Layer norm over the last axis, statistics in float32; returns x.dtype."""
+    xf = x.astype(F32)
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+    y = (xf - mean) * jax.lax.rsqrt(var + eps) * gamma.astype(F32) + beta.astype(F32)
+    return y.astype(x.dtype)
+
+
+def rmsnorm(h, w, eps=RMS_EPS):
+    """RMS norm over the last axis, statistics in float32; returns h.dtype."""
+    hf = h.astype(F32)
+    ms = jnp.mean(jnp.square(hf), axis=-1, keepdims=True)
+    y = hf * jax.lax.rsqrt(ms + eps) * w.astype(F32)
+    return y.astype(h.dtype)
+
+
+def residual_rmsnorm(x, residual, w):
+    """Pre-norm transformer block entry: h = x + residual, y = rmsnorm(h) * w. Returns (y, h)."""
+    h = x + residual
+    return rmsnorm(h, w), h
+
+
+def softmax(x):
+    """Softmax over the last axis in float32; returns x.dtype."""
+    return jax.nn.softmax(x.astype(F32), axis=-1).astype(x.dtype)
+
+
+def cross_entropy(logits, labels):
+    """Mean softmax cross-entropy over a `VOCAB`-wide last axis (one_hot, not a gather)."""
+    logp = jax.nn.log_softmax(logits.astype(F32), axis=-1)
+    onehot = jax.nn.one_hot(labels, logits.shape[-1], dtype=F32)
+    return jnp.mean(-jnp.sum(onehot * logp, axis=-1))
+
+
+def bias_gelu_dropout(x, bias, key, rate=DROPOUT_RATE):
+    """dropout(gelu(x + bias)) with an exact (erf) GELU; `key` is a raw uint32[2] PRNG key."""
+    h = jax.nn.gelu(x + bias, approximate=False)
+    keep = jax.random.bernoulli(key, 1.0 - rate, h.shape)
+    return jnp.where(keep, h / (1.0 - rate), 0).astype(x.dtype)
+
+
+def fig7_chain(x, w):
+    """AStitch Fig. 7-like chain: a reduction and an expensive elementwise op both feed broadcasts."""
+    c = x.shape[-1]
+    a = jnp.tanh(x.astype(F32)) * w.astype(F32)
+    s = jnp.sum(a, axis=-1)
+    t = jnp.exp(-s / c)  # expensive elementwise op on the reduced value, feeding a broadcast
+    y = a * t[:, None]
+    m = jnp.max(y, axis=-1)
+    return (y - m[:, None]).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Forward + backward wrappers (the benchmarked functions)
+# ----------------------------------------------------------------------------------------------------
+
+def layernorm_fwdbwd(x, gamma, beta, dy):
+    y, vjp = jax.vjp(layernorm, x, gamma, beta)
+    dx, dgamma, dbeta = vjp(dy)
+    return y, dx, dgamma, dbeta
+
+
+def rmsnorm_residual_fwdbwd(x, residual, w, dy, dh):
+    (y, h), vjp = jax.vjp(residual_rmsnorm, x, residual, w)
+    dx, dresidual, dw = vjp((dy, dh))
+    return y, h, dx, dresidual, dw
+
+
+def softmax_fwdbwd(x, dy):
+    y, vjp = jax.vjp(softmax, x)
+    (dx,) = vjp(dy)
+    return y, dx
+
+
+def xent_fwdbwd(logits, labels):
+    loss, dlogits = jax.value_and_grad(cross_entropy)(logits, labels)
+    return loss, dlogits
+
+
+# ----------------------------------------------------------------------------------------------------
+# Inputs
+# ----------------------------------------------------------------------------------------------------
+
+def _normal(key, shape, dtype, scale=1.0, mean=0.0):
+    return (mean + scale * jax.random.normal(key, shape, F32)).astype(dtype)
+
+
+def _raw_key(key):
+    """A legacy uint32[2] key drawn from `key` (typed or raw)."""
+    k = jax.random.fold_in(key, 0x5eed)
+    return jax.random.key_data(k) if jnp.issubdtype(k.dtype, jax.dtypes.prng_key) else k
+
+
+def _layernorm_inputs(key, dtype, n, h, with_dy=False):
+    kx, kg, kb, kd = jax.random.split(key, 4)
+    args = (_normal(kx, (n, h), dtype), _normal(kg, (h,), dtype, 0.1, 1.0),
+            _normal(kb, (h,), dtype, 0.1))
+    return args + ((_normal(kd, (n, h), dtype),) if with_dy else ())
+
+
+def _rmsnorm_residual_inputs(key, dtype, n, h):
+    kx, kr, kw, kd, kh = jax.random.split(key, 5)
+    return (_normal(kx, (n, h), dtype), _normal(kr, (n, h), dtype),
+            _normal(kw, (h,), dtype, 0.1, 1.0), _normal(kd, (n, h), dtype),
+            _normal(kh, (n, h), dtype))
+
+
+def _rows_inputs(key, dtype, n, c, count=1):
+    """`count` independent standard-normal [N,C] arrays (softmax x, dy, ...)."""
+    return tuple(_normal(k, (n, c), dtype) for k in jax.random.split(key, count))
+
+
+def _xent_inputs(key, dtype, n, v):
+    kl, ky = jax.random.split(key)
+    return _normal(kl, (n, v), dtype, 2.0), jax.random.randint(ky, (n,), 0, v, jnp.int32)
+
+
+def _bias_gelu_dropout_inputs(key, dtype, n, h):
+    kx, kb = jax.random.split(key)
+    return _normal(kx, (n, h), dtype), _normal(kb, (h,), dtype, 0.1), _raw_key(key)
+
+
+def _fig7_inputs(key, dtype, n, c):
+    kx, kw = jax.random.split(key)
+    return _normal(kx, (n, c), dtype), _normal(kw, (c,), dtype, 0.5, 1.0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The suite
+# ----------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A benchmark case. `full_shape` / `quick_shape` are the main [rows, cols] array's shape."""
+    name: str
+    fn: Callable
+    make_inputs: Callable  # (key, dtype, quick: bool) -> tuple of arrays
+    full_shape: tuple
+    quick_shape: tuple
+
+    def shape(self, quick: bool) -> tuple:
+        return self.quick_shape if quick else self.full_shape
+
+
+def _workload(name, fn, draw, full_shape, quick_shape):
+    """`draw(key, dtype, rows, cols)` draws the inputs for the main array's shape."""
+    def make_inputs(key, dtype, quick: bool) -> tuple:
+        return draw(key, dtype, *(quick_shape if quick else full_shape))
+    return Workload(name, fn, make_inputs, full_shape, quick_shape)
+
+
+_SUITE = (
+    _workload("layernorm_fwd", layernorm, _layernorm_inputs, (32768, 1024), (2048, 1024)),
+    _workload("layernorm_fwdbwd", layernorm_fwdbwd, partial(_layernorm_inputs, with_dy=True),
+              (32768, 1024), (2048, 1024)),
+    _workload("rmsnorm_residual_fwdbwd", rmsnorm_residual_fwdbwd, _rmsnorm_residual_inputs,
+              (32768, 1024), (2048, 1024)),
+    _workload("softmax_fwd", softmax, _rows_inputs, (16384, 4096), (1024, 1024)),
+    _workload("softmax_fwdbwd", softmax_fwdbwd, partial(_rows_inputs, count=2),
+              (16384, 4096), (1024, 1024)),
+    _workload("xent_fwdbwd", xent_fwdbwd, _xent_inputs, (4096, VOCAB), (256, VOCAB)),
+    _workload("bias_gelu_dropout", bias_gelu_dropout, _bias_gelu_dropout_inputs,
+              (16384, 4096), (1024, 1024)),
+    _workload("fig7_chain", fig7_chain, _fig7_inputs, (32768, 2048), (1024, 1024)),
+)
+
+WORKLOADS: dict[str, Workload] = {w.name: w for w in _SUITE}
+
+
+def workload_names() -> list[str]:
+    return list(WORKLOADS)
