@@ -112,8 +112,7 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
                 continue
             if joined is None:
                 joined = r
-            elif nodes.can_merge(joined, r) and not any(_has_epilogue_output(region_ops[x], epilogue)
-                                                        for x in (joined, r) if x != candidates[0]):
+            elif nodes.can_merge(joined, r):
                 ops_a, ops_b = region_ops.pop(joined), region_ops.pop(r)
                 joined = nodes.union(joined, r)
                 region_ops[joined] = ops_a + ops_b
@@ -131,10 +130,6 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
     if fits is not None:
         _merge_siblings(graph, nodes, region_ops, fits)
     return Partition(_collect(graph, nodes, region_ops), tuple(unsupported))
-
-
-def _has_epilogue_output(ops, epilogue) -> bool:
-    return any(o.id in epilogue for op in ops for o in op.outputs)
 
 
 def _merge_siblings(graph, nodes: _Nodes, region_ops: dict, fits):

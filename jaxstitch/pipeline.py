@@ -44,7 +44,20 @@ class Program:
     target: Target
 
 
-def compile_region(plan: RegionPlan, target: Target, cfg: Config) -> Compiled:
+def compile_region(region, target: Target, cfg: Config) -> Compiled:
+    """Plan, render and compile; a kernel that spills is re-planned with fewer threads per row."""
+    compiled = None
+    for max_tpr in (1024, 512, 256):
+        plan = plan_region(region, target, max_tpr)
+        if compiled is not None and (plan.kernel is None or plan.kernel.mapping == compiled.plan.kernel.mapping):
+            break  # no other mapping to try: keep the spill as the reason
+        compiled = _compile_plan(plan, target, cfg)
+        if compiled.stitched or compiled.cubin is not None or "spills" not in (compiled.error or ""):
+            break
+    return compiled
+
+
+def _compile_plan(plan: RegionPlan, target: Target, cfg: Config) -> Compiled:
     if not plan.stitched:
         return Compiled(plan, None, None, None, None)
     try:
@@ -52,10 +65,15 @@ def compile_region(plan: RegionPlan, target: Target, cfg: Config) -> Compiled:
     except Unplannable as e:
         return Compiled(plan, None, None, None, f"codegen: {e}")
     try:
-        key, cubin = cache.get_cubin(source.code, target.arch, cfg.cache_dir)
+        key, cubin, res = cache.get_cubin(source.code, target.arch, cfg.cache_dir)
     except nvrtc.CompileError as e:
         log.warning("jaxstitch: region %d falls back to XLA: %s", plan.region.id, str(e).splitlines()[0])
         return Compiled(plan, source.code, None, None, f"NVRTC: {e}")
+    if res.spill_bytes > 0:
+        why = (f"the kernel spills {res.spill_bytes} bytes of registers ({res.registers} used): rows this "
+               "long need task splitting over blocks (not implemented yet)")
+        log.info("jaxstitch: region %d falls back to XLA: %s", plan.region.id, why)
+        return Compiled(plan, source.code, key, None, why)
     return Compiled(plan, source.code, key, cubin, None)
 
 
@@ -70,7 +88,7 @@ def _fits_one_kernel(region) -> bool:
 def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
     traced = trace_mod.trace(fun, flat_args, in_tree, static)
     part = partition_mod.partition(traced.graph, fits=_fits_one_kernel)
-    regions = tuple(compile_region(plan_region(r, target), target, cfg) for r in part.regions)
+    regions = tuple(compile_region(r, target, cfg) for r in part.regions)
     program = Program(traced, part, regions, target)
     if cfg.dump_dir:
         _dump(program, cfg.dump_dir)

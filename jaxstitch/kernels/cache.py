@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -29,7 +30,7 @@ class Stats:
 class _Cache:
     def __init__(self):
         self.lock = threading.Lock()
-        self.memory: dict[str, bytes] = {}
+        self.memory: dict[str, tuple[bytes, nvrtc.Resources]] = {}
         self.compiles = self.memory_hits = self.disk_hits = 0
 
 
@@ -44,28 +45,31 @@ def cache_key(source: str, arch: str) -> str:
     return h.hexdigest()
 
 
-def get_cubin(source: str, arch: str, cache_dir: str | None) -> tuple[str, bytes]:
-    """(key, cubin) for `source`, compiling it with NVRTC only on a miss in memory and on disk."""
+def get_cubin(source: str, arch: str, cache_dir: str | None) -> tuple[str, bytes, nvrtc.Resources]:
+    """(key, cubin, resources) for `source`, running NVRTC only on a miss in memory and on disk."""
     key = cache_key(source, arch)
     with _CACHE.lock:
         if key in _CACHE.memory:
             _CACHE.memory_hits += 1
-            return key, _CACHE.memory[key]
-    path = os.path.join(cache_dir, key[:2], key + ".cubin") if cache_dir else None
-    if path and os.path.exists(path):
-        with open(path, "rb") as f:
+            return (key,) + _CACHE.memory[key]
+    path = os.path.join(cache_dir, key[:2], key) if cache_dir else None
+    if path and os.path.exists(path + ".cubin") and os.path.exists(path + ".json"):
+        with open(path + ".cubin", "rb") as f:
             cubin = f.read()
+        with open(path + ".json") as f:
+            res = nvrtc.Resources(**json.load(f))
         with _CACHE.lock:
             _CACHE.disk_hits += 1
-            _CACHE.memory[key] = cubin
-        return key, cubin
-    cubin = nvrtc.compile_cubin(source, arch)
+            _CACHE.memory[key] = (cubin, res)
+        return key, cubin, res
+    cubin, res = nvrtc.compile_cubin(source, arch)
     with _CACHE.lock:
         _CACHE.compiles += 1
-        _CACHE.memory[key] = cubin
+        _CACHE.memory[key] = (cubin, res)
     if path:
-        _write_atomic(path, cubin)
-    return key, cubin
+        _write_atomic(path + ".cubin", cubin)
+        _write_atomic(path + ".json", json.dumps(dataclasses.asdict(res)).encode())
+    return key, cubin, res
 
 
 def _write_atomic(path: str, data: bytes):

@@ -1,7 +1,9 @@
 """CUDA C to cubin with NVRTC. Needs no GPU, so every generated kernel also compiles in CI."""
 from __future__ import annotations
 
+import dataclasses
 import functools
+import re
 
 OPTIONS = ("-std=c++17", "--fmad=true", "-default-device")
 
@@ -36,12 +38,30 @@ def available() -> bool:
         return False
 
 
-def compile_cubin(source: str, arch: str, name: str = "kernel.cu") -> bytes:
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """ptxas's resource report for the kernel."""
+
+    registers: int
+    spill_bytes: int   # spill stores + loads
+    stack_bytes: int
+
+
+def resources(log: str) -> Resources:
+    def grab(pattern):
+        m = re.search(pattern, log)
+        return int(m.group(1)) if m else 0
+    return Resources(grab(r"Used (\d+) registers"),
+                     grab(r"(\d+) bytes spill stores") + grab(r"(\d+) bytes spill loads"),
+                     grab(r"(\d+) bytes stack frame"))
+
+
+def compile_cubin(source: str, arch: str, name: str = "kernel.cu") -> tuple[bytes, Resources]:
     nvrtc = _nvrtc()
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     _check(nvrtc, err, "nvrtcCreateProgram")
     try:
-        opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in OPTIONS]
+        opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in OPTIONS + ("--ptxas-options=-v",)]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CompileError(f"NVRTC failed for {arch}:\n{_log(nvrtc, prog)}")
@@ -50,7 +70,7 @@ def compile_cubin(source: str, arch: str, name: str = "kernel.cu") -> bytes:
         buf = bytearray(size)
         (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
         _check(nvrtc, err, "nvrtcGetCUBIN")
-        return bytes(buf)
+        return bytes(buf), resources(_log(nvrtc, prog))
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 

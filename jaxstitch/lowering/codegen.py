@@ -53,6 +53,15 @@ class _Kernel:
         self.outputs = list(plan.region.outputs)
         self.exact_cols = self.m.n_cols % (self.m.tpr * self.m.vec) == 0
         self.n_row_red = 0
+        # Rematerialization: a full-size value is kept in registers only within the phase that made
+        # it; a later phase recomputes it from the loaded inputs, so the registers held across the
+        # row reductions are just the inputs' (memory-bound kernels have ALU to spare).
+        self.values = {p.value.id: p.value for p in plan.layout.values}
+        self.phase: int | None = None
+        self.writer: _Writer | None = None
+        self.def_op: dict[int, ir.Op] = {}
+        self.def_phase: dict[int, int] = {}
+        self.copies: dict[tuple[int, int], str] = {}
 
     # ---- naming -------------------------------------------------------------------------------
     def root(self, vid: int) -> int:
@@ -69,8 +78,19 @@ class _Kernel:
     def ref(self, a: ir.Atom, e: str = "e") -> str:
         if isinstance(a, ir.Const):
             return literal(a.value, a.dtype)
-        name = f"v{self.root(a.id)}"
+        root = self.root(a.id)
+        name = f"v{root}"
+        if self.phase is not None and self.def_phase.get(root, self.phase) != self.phase:
+            name = self.rematerialize(root)
         return f"{name}[{e}]" if self.is_array(a) else name
+
+    def rematerialize(self, root: int) -> str:
+        key = (root, self.phase)
+        if key not in self.copies:
+            name = f"v{root}_p{self.phase}"
+            self.elementwise(self.writer, self.def_op[root], name)
+            self.copies[key] = name
+        return self.copies[key]
 
     def ctype(self, v: ir.Value) -> str:
         return CTYPE[v.dtype]
@@ -81,14 +101,19 @@ class _Kernel:
         return f"((({e}) / V * TPR + lane) * V + ({e}) % V < N_COLS)"
 
     # ---- ops --------------------------------------------------------------------------------------
-    def elementwise(self, w: _Writer, op: ir.Op):
+    def elementwise(self, w: _Writer, op: ir.Op, name: str | None = None):
         out = op.outputs[0]
+        if name is None:
+            name = f"v{out.id}"
+            if self.phase is not None and self.is_array(out):
+                self.def_op[out.id], self.def_phase[out.id] = op, self.phase
         if self.is_array(out):
-            w(f"{self.ctype(out)} v{out.id}[E];")
+            args = [self.ref(a) for a in op.inputs]
+            w(f"{self.ctype(out)} {name}[E];")
             w("#pragma unroll")
-            w(f"for (int e = 0; e < E; ++e) v{out.id}[e] = {EXPR[op.prim](op, [self.ref(a) for a in op.inputs])};")
+            w(f"for (int e = 0; e < E; ++e) {name}[e] = {EXPR[op.prim](op, args)};")
         else:
-            w(f"const {self.ctype(out)} v{out.id} = {EXPR[op.prim](op, [self.ref(a) for a in op.inputs])};")
+            w(f"const {self.ctype(out)} {name} = {EXPR[op.prim](op, [self.ref(a) for a in op.inputs])};")
 
     def iota(self, w: _Writer, op: ir.Op):
         out = op.outputs[0]
@@ -184,23 +209,23 @@ class _Kernel:
             for i, (op, kind) in enumerate(slots):
                 o = op.outputs[0].id
                 if kind == "arg":
-                    w(f"  js_red[{i}][tid >> 5] = p{o}; js_redi[{i}][tid >> 5] = q{o};")
+                    w(f"  js_red[{i}][row_in_block][lane >> 5] = p{o}; js_redi[{i}][row_in_block][lane >> 5] = q{o};")
                 elif kind == "int":
-                    w(f"  js_redi[{i}][tid >> 5] = p{o};")
+                    w(f"  js_redi[{i}][row_in_block][lane >> 5] = p{o};")
                 else:
-                    w(f"  js_red[{i}][tid >> 5] = (float)p{o};")
+                    w(f"  js_red[{i}][row_in_block][lane >> 5] = (float)p{o};")
             w("}")
             w("__syncthreads();")
             for i, (op, kind) in enumerate(slots):
                 o = op.outputs[0].id
                 if kind == "arg":
-                    w(f"p{o} = js_red[{i}][0]; q{o} = js_redi[{i}][0];")
-                    w(f"for (int j = 1; j < NWARPS_ROW; ++j) js_arg_combine<{ARG_REDUCE[op.prim]}>(p{o}, q{o}, js_red[{i}][j], js_redi[{i}][j]);")
+                    w(f"p{o} = js_red[{i}][row_in_block][0]; q{o} = js_redi[{i}][row_in_block][0];")
+                    w(f"for (int j = 1; j < NWARPS_ROW; ++j) js_arg_combine<{ARG_REDUCE[op.prim]}>(p{o}, q{o}, js_red[{i}][row_in_block][j], js_redi[{i}][row_in_block][j]);")
                 else:
                     fn = REDUCE[op.prim][0]
                     arr = "js_redi" if kind == "int" else "js_red"
-                    w(f"p{o} = {arr}[{i}][0];")
-                    w(f"for (int j = 1; j < NWARPS_ROW; ++j) p{o} = {fn}(p{o}, ({kind}){arr}[{i}][j]);")
+                    w(f"p{o} = {arr}[{i}][row_in_block][0];")
+                    w(f"for (int j = 1; j < NWARPS_ROW; ++j) p{o} = {fn}(p{o}, ({kind}){arr}[{i}][row_in_block][j]);")
             w("__syncthreads();")
         for op, kind in slots:
             o = op.outputs[0]
@@ -280,7 +305,9 @@ def render(plan: KernelPlan) -> Source:
     for v in region.inputs:
         k.store_output(body, v, in_body=True)
     n_levels = max([level[o.outputs[0].id] for o in body_ops] + [0])
+    k.writer = body
     for lv in range(n_levels + 1):
+        k.phase = lv
         for op in body_ops:
             out = op.outputs[0]
             if not _is_row_reduction(op) and not opdefs.is_grid_reduction(op) and level[out.id] == lv:
@@ -293,10 +320,11 @@ def render(plan: KernelPlan) -> Source:
             if level[op.inputs[0].id] == lv:
                 k.grid_accumulate(body, op)
 
+    k.phase = None
     shared = _Writer(1)
     if m.tpr > 32 and k.n_row_red:
-        shared(f"__shared__ float js_red[{k.n_row_red}][NWARPS_ROW];")
-        shared(f"__shared__ int js_redi[{k.n_row_red}][NWARPS_ROW];")
+        shared(f"__shared__ float js_red[{k.n_row_red}][RPB][NWARPS_ROW];")
+        shared(f"__shared__ int js_redi[{k.n_row_red}][RPB][NWARPS_ROW];")
     if grid_ops:
         _epilogue(k, epi, shared, grid_ops, epi_ops)
 

@@ -38,7 +38,9 @@ class Mapping:
             return f"{32 // self.tpr} rows per warp"
         if self.tpr == 32:
             return "warp per row"
-        return "block per row"
+        if self.tpr == self.block:
+            return "block per row"
+        return f"{self.tpr // 32} warps per row"
 
 
 def _pow2_at_least(x: int) -> int:
@@ -46,15 +48,15 @@ def _pow2_at_least(x: int) -> int:
 
 
 def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_reduced: bool,
-           target: Target) -> Mapping:
+           target: Target, max_tpr: int = 1024) -> Mapping:
     n, c = layout.n_rows, layout.n_cols
     wide = [p.value for p in layout.values if p.storage in (FULL, COL) and p.value in region_io]
     vec = min([16 // v.itemsize for v in wide] + [8])
     while vec > 1 and c % vec:
         vec //= 2
-    budget = max(vec, min(MAX_ELEMS_PER_THREAD, _pow2_at_least(96 // max(1, n_live_arrays)) // 2 * 2))
-    budget = max(budget, 4)
-    tpr = min(1024, _pow2_at_least(math.ceil(c / budget)))
+    # About 64 registers of held elements per thread leaves room for temporaries and 2-3 blocks per SM.
+    budget = max(vec, 4, min(MAX_ELEMS_PER_THREAD, _pow2_at_least(64 // max(1, n_live_arrays) + 1) // 2))
+    tpr = min(max_tpr, _pow2_at_least(math.ceil(c / budget)))
     tpr = max(1, min(tpr, _pow2_at_least(math.ceil(c / vec))))
     vpt = math.ceil(c / (tpr * vec))
     if vpt * vec > 2 * MAX_ELEMS_PER_THREAD:

@@ -52,30 +52,28 @@ class RegionPlan:
 
 
 def _live_arrays(region: Region, layout: Layout) -> int:
-    """Arrays a thread holds at once: wide inputs, column accumulators, values kept across a reduction."""
+    """Arrays a thread holds across a row: its wide inputs and column accumulators (everything else
+    is recomputed per phase by codegen), plus two for temporaries."""
     count = 2
-    level_of = {p.value.id: p.level for p in layout.values}
     for v in region.inputs:
         if layout.of(v).storage in (FULL, COL):
             count += 1
     for op in region.ops:
-        for a in op.inputs:
-            if isinstance(a, ir.Value) and layout.of(a).storage == FULL and a not in region.inputs:
-                if level_of.get(op.outputs[0].id, 0) > level_of[a.id] and op.prim not in opdefs.REDUCTIONS:
-                    count += 1
         if opdefs.is_grid_reduction(op) and layout.of(op.outputs[0]).declared == COL:
             count += 1
     return count
 
 
-def plan_region(region: Region, target: Target) -> RegionPlan:
+def plan_region(region: Region, target: Target, max_tpr: int = 1024) -> RegionPlan:
+    """`max_tpr` caps threads per row: a mapping whose kernel spills is planned again with fewer
+    threads per row (more registers each), see pipeline.compile_region."""
     try:
         layout = place(region)
         grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
         if any(op.prim in ("argmax", "argmin") for op in grid_ops):
             raise Unplannable("argmax/argmin over the whole grid")
         mp = mapping_mod.choose(layout, list(region.inputs) + list(region.outputs),
-                                _live_arrays(region, layout), bool(grid_ops), target)
+                                _live_arrays(region, layout), bool(grid_ops), target, max_tpr)
         reductions, offset = [], BARRIER_BYTES // 4
         for op in grid_ops:
             size = layout.n_cols if layout.of(op.outputs[0]).declared == COL else 1
@@ -87,7 +85,7 @@ def plan_region(region: Region, target: Target) -> RegionPlan:
         return RegionPlan(region, None, None, str(e))
     est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, mp.cooperative, target)
     reason = None
-    if est.speedup < cost.MIN_GAIN:
+    if est.xla_kernels == 1 or est.speedup < cost.MIN_GAIN:
         if est.xla_kernels == 1:
             reason = (f"XLA already runs this as one kernel (est. {est.xla_us:.1f} us vs {est.us:.1f} us "
                       "stitched): nothing to gain")
