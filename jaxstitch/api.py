@@ -65,11 +65,11 @@ def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=Non
         if tgt is None:
             if not _said_fallback:
                 _said_fallback.append(True)
-                log.info("jaxstitch: no CUDA GPU found; jaxstitch.jit is jax.jit here")
+                log.info("no CUDA GPU found; jaxstitch.jit is jax.jit here")
             return jax.jit(fun, **jit_kwargs)
         ok, why = ffi.register()
         if not ok:
-            log.warning("jaxstitch: the kernel launcher is unavailable (%s); using jax.jit", why)
+            log.warning("the kernel launcher is unavailable (%s); using jax.jit", why)
             return jax.jit(fun, **jit_kwargs)
 
     @functools.wraps(fun)

@@ -67,12 +67,12 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config) -> Compiled:
     try:
         key, cubin, res = cache.get_cubin(source.code, target.arch, cfg.cache_dir)
     except nvrtc.CompileError as e:
-        log.warning("jaxstitch: region %d falls back to XLA: %s", plan.region.id, str(e).splitlines()[0])
+        log.warning("region %d falls back to XLA: %s", plan.region.id, str(e).splitlines()[0])
         return Compiled(plan, source.code, None, None, f"NVRTC: {e}")
     if res.spill_bytes > 0:
         why = (f"the kernel spills {res.spill_bytes} bytes of registers ({res.registers} used): rows this "
                "long need task splitting over blocks (not implemented yet)")
-        log.info("jaxstitch: region %d falls back to XLA: %s", plan.region.id, why)
+        log.info("region %d falls back to XLA: %s", plan.region.id, why)
         return Compiled(plan, source.code, key, None, why)
     return Compiled(plan, source.code, key, cubin, None)
 

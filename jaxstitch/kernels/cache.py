@@ -80,7 +80,7 @@ def _write_atomic(path: str, data: bytes):
             f.write(data)
         os.replace(tmp, path)
     except OSError as e:  # a read-only cache directory costs recompiles, never a failure
-        log.warning("jaxstitch: could not write the kernel cache at %s: %s", path, e)
+        log.warning("could not write the kernel cache at %s: %s", path, e)
 
 
 def stats() -> Stats:

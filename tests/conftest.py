@@ -1,0 +1,59 @@
+"""Shared test setup.
+
+* Tests marked `@pytest.mark.gpu` (the marker is declared in pyproject.toml) are skipped, with the reason
+  "needs an NVIDIA GPU", when `jax.devices()` holds no GPU.
+* The whole session uses a fresh temporary JAXSTITCH_CACHE_DIR, so tests never read or write the user's
+  kernel cache; JAXSTITCH_DISABLE and JAXSTITCH_DUMP_DIR from the caller's environment are cleared (tests
+  that want them set them with monkeypatch).
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if TESTS_DIR not in sys.path:  # `import strategies` from the test modules
+    sys.path.insert(0, TESTS_DIR)
+
+GPU_SKIP_REASON = "needs an NVIDIA GPU"
+_ENV_CLEARED = ("JAXSTITCH_DISABLE", "JAXSTITCH_DUMP_DIR")
+
+
+@functools.lru_cache(maxsize=1)
+def _has_gpu() -> bool:
+    import jax
+
+    try:
+        return any(d.platform in ("gpu", "cuda") for d in jax.devices())
+    except RuntimeError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def gpu_available() -> bool:
+    """True when jax sees an NVIDIA GPU."""
+    return _has_gpu()
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") is not None and not _has_gpu():
+        pytest.skip(GPU_SKIP_REASON)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _jaxstitch_session_env(tmp_path_factory):
+    """A private kernel cache for the session; no inherited disable / dump switches."""
+    saved = {k: os.environ.get(k) for k in ("JAXSTITCH_CACHE_DIR",) + _ENV_CLEARED}
+    cache_dir = tmp_path_factory.mktemp("jaxstitch_cache")
+    os.environ["JAXSTITCH_CACHE_DIR"] = str(cache_dir)
+    for k in _ENV_CLEARED:
+        os.environ.pop(k, None)
+    yield cache_dir
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

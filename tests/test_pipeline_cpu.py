@@ -1,0 +1,636 @@
+"""The whole jaxstitch pipeline on a CPU: partition, plan, codegen + NVRTC, the rebuilt function, the API.
+
+With a `target`, `jaxstitch.jit` plans and compiles for that GPU even here; the `stitch` primitive then
+lowers to its region's jaxpr, so results must match `jax.jit` of the same function. NVRTC needs no GPU,
+so every kernel the planner wants is really compiled.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import jaxstitch
+from jaxstitch import config, pipeline
+from jaxstitch.kernels import cache, nvrtc
+from jaxstitch.lowering import codegen
+from jaxstitch.plan import Unplannable
+from jaxstitch.workloads import WORKLOADS, fig7_chain, layernorm_fwdbwd, softmax_fwdbwd, xent_fwdbwd
+from strategies import random_inputs, region_graphs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET = "h100"
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+S = jax.ShapeDtypeStruct
+
+# Workloads that must become exactly one stitched kernel at their quick shapes.
+ONE_KERNEL = ("layernorm_fwdbwd", "softmax_fwdbwd", "xent_fwdbwd", "rmsnorm_residual_fwdbwd", "fig7_chain")
+
+# Features of the random graphs that hit known codegen bugs (see the xfail tests in "codegen" below):
+# the codegen property tests leave them out until those are fixed. Empty this when they pass.
+KNOWN_CODEGEN_BUG_FEATURES = ("bcast", "unit_sum", "single_element")
+
+HYPOTHESIS = dict(max_examples=25, deadline=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                         HealthCheck.data_too_large])
+
+NVRTC_OK = nvrtc.available()
+needs_nvrtc = pytest.mark.skipif(not NVRTC_OK, reason="NVRTC is not installed (pip install 'jaxstitch[cuda]')")
+
+
+# ----------------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def quick_inputs(name: str, dtype: str):
+    w = WORKLOADS[name]
+    return tuple(w.make_inputs(jax.random.key(0), DTYPES[dtype], True))
+
+
+def quick_specs(name: str, dtype: str):
+    return [S(a.shape, a.dtype) for a in quick_inputs(name, dtype)]
+
+
+def explain(fn, *specs, target=TARGET):
+    return jaxstitch.explain(fn, *specs, target=target)
+
+
+def assert_close(actual, expected, what=""):
+    """Same shape and dtype; float32 within 1e-6 (relative, and relative to the max magnitude), half types
+    within 1e-2, everything else exact. NaNs must sit in the same places."""
+    a, e = np.asarray(actual), np.asarray(expected)
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
+    assert a.dtype == e.dtype, f"{what}: dtype {a.dtype} != {e.dtype}"
+    if not jnp.issubdtype(a.dtype, jnp.floating):
+        np.testing.assert_array_equal(a, e, err_msg=what)
+        return
+    tol = 1e-6 if a.dtype == np.float32 else 1e-2
+    a32, e32 = a.astype(np.float32), e.astype(np.float32)
+    finite = np.isfinite(e32)
+    scale = float(np.max(np.abs(e32[finite]), initial=0.0))
+    np.testing.assert_allclose(a32, e32, rtol=tol, atol=tol * max(scale, 1e-30), equal_nan=True, err_msg=what)
+
+
+def assert_trees_close(actual, expected, what=""):
+    la, ta = jax.tree_util.tree_flatten(actual)
+    le, te = jax.tree_util.tree_flatten(expected)
+    assert ta == te, f"{what}: output structure {ta} != {te}"
+    for i, (a, e) in enumerate(zip(la, le)):
+        assert_close(a, e, f"{what} output {i}")
+
+
+def known_bug(reason):
+    return pytest.mark.xfail(strict=True, reason=reason)
+
+
+def _deps(graph):
+    """(ancestors, descendants) of every op index, by data dependency."""
+    producer = {o.id: op.index for op in graph.ops for o in op.outputs}
+    anc = {}
+    for op in graph.ops:
+        s = set()
+        for a in op.inputs:
+            p = producer.get(getattr(a, "id", None))
+            if p is not None:
+                s |= {p} | anc[p]
+        anc[op.index] = s
+    desc = {op.index: set() for op in graph.ops}
+    for i, s in anc.items():
+        for j in s:
+            desc[j].add(i)
+    return anc, desc
+
+
+def _program(fn, specs, target=TARGET):
+    tree = jax.tree_util.tree_structure((tuple(specs), {}))
+    return pipeline.build(fn, list(specs), tree, jaxstitch.get_target(target), config.load())
+
+
+# ----------------------------------------------------------------------------------------------------
+# partition
+# ----------------------------------------------------------------------------------------------------
+
+LAYERNORM_F32_SPLIT = (
+    "partition.py grows regions only through producers: dbeta = reduce_sum(dy, axis 0) reads only a graph "
+    "input, so it starts a region of its own (no remote stitching of independent subgraphs); layernorm "
+    "fwd+bwd in float32 becomes 2 regions / 2 kernels (bfloat16 is 1 because dy's upcast joins first)")
+
+
+@pytest.mark.parametrize("dtype", [
+    pytest.param("float32", marks=known_bug(LAYERNORM_F32_SPLIT)),
+    "bfloat16",
+])
+def test_layernorm_fwdbwd_is_one_region(dtype):
+    report = explain(layernorm_fwdbwd, *quick_specs("layernorm_fwdbwd", dtype))
+    assert len(report.regions) == 1, str(report)
+    assert report.xla_ops == (), str(report)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_xent_fwdbwd_is_one_region(dtype):
+    report = explain(xent_fwdbwd, *quick_specs("xent_fwdbwd", dtype))
+    assert len(report.regions) == 1, str(report)
+    assert report.xla_ops == (), str(report)
+
+
+SINGLE_ROW_SPLIT = (
+    "ops.reduce_kind calls a reduction over the last axis of a [1, C] array a 'grid' (column) reduction, "
+    "since axis 1 is the only non-unit axis; grid-reduced values may only feed epilogue ops, so a "
+    "single-row softmax / layernorm fwd+bwd splits into several regions (softmax_fwdbwd at [1, 1024]: "
+    "many regions instead of 1)")
+
+
+@pytest.mark.parametrize("fn,n,c", [
+    pytest.param(softmax_fwdbwd, 1, 1024, marks=known_bug(SINGLE_ROW_SPLIT), id="softmax_fwdbwd-1x1024"),
+    pytest.param(softmax_fwdbwd, 3, 1024, id="softmax_fwdbwd-3x1024"),
+])
+def test_few_rows_stay_one_region(fn, n, c):
+    x = S((n, c), jnp.float32)
+    report = explain(fn, x, x)
+    assert len(report.regions) == 1, str(report)
+
+
+def mid_dot(x, w):
+    h = jax.nn.softmax(x, axis=-1)
+    y = h @ w
+    return y - jnp.mean(y, axis=-1, keepdims=True)
+
+
+def test_dot_splits_into_two_regions():
+    specs = (S((256, 512), jnp.float32), S((512, 384), jnp.float32))
+    report = explain(mid_dot, *specs)
+    assert len(report.regions) == 2, str(report)
+    assert [p for p, _ in report.xla_ops] == ["dot_general"], str(report)
+    assert all("dot_general" not in r.ops for r in report.regions)
+    assert "dot_general" in str(report)
+    args = random_inputs(specs, 0)
+    assert_trees_close(jaxstitch.jit(mid_dot, target=TARGET)(*args), jax.jit(mid_dot)(*args), "mid_dot")
+
+
+def _heavy(v):
+    """Three dependent row reductions: the cost model stitches this."""
+    v = v - jnp.max(v, axis=-1, keepdims=True)
+    v = v - jnp.mean(v, axis=-1, keepdims=True)
+    return v * jax.lax.rsqrt(jnp.mean(v * v, axis=-1, keepdims=True) + 1e-5)
+
+
+def cycle_fn(x, w):
+    a = _heavy(jnp.tanh(x))          # region A
+    d = a @ w                        # left to XLA
+    e = jnp.exp(-jnp.abs(x))         # independent of the dot: may join either side
+    return _heavy(d + a) + e         # region B reads A directly and through the dot
+
+
+def test_no_region_spans_a_dot():
+    specs = (S((2048, 512), jnp.float32), S((512, 512), jnp.float32))
+    program = _program(cycle_fn, specs)
+    graph = program.traced.graph
+    dots = [op.index for op in graph.ops if op.prim == "dot_general"]
+    assert len(dots) == 1
+    anc, desc = _deps(graph)
+    before, after = anc[dots[0]], desc[dots[0]]
+    for c in program.regions:
+        idx = {op.index for op in c.plan.region.ops}
+        assert dots[0] not in idx
+        assert not (idx & before and idx & after), (
+            f"region {c.plan.region.id} holds ops {sorted(idx & before)} feeding the dot and "
+            f"{sorted(idx & after)} fed by it: a cycle")
+
+
+def test_cycle_schedule_runs():
+    specs = (S((2048, 512), jnp.float32), S((512, 512), jnp.float32))
+    report = explain(cycle_fn, *specs)
+    assert len(report.regions) >= 2, str(report)
+    assert sum(r.stitched for r in report.regions) >= 2, "both sides should be stitched:\n" + str(report)
+    args = random_inputs(specs, 1)
+    assert_trees_close(jaxstitch.jit(cycle_fn, target=TARGET)(*args), jax.jit(cycle_fn)(*args), "cycle_fn")
+
+
+# ----------------------------------------------------------------------------------------------------
+# plan: every workload, both dtypes, two targets
+# ----------------------------------------------------------------------------------------------------
+
+FIG7_AMBIGUOUS = (
+    "layout._input_hints only reads broadcasts that produce an [N, C]-sized value; jnp broadcasts a [C] "
+    "param through [1, C] first, so with N == C (fig7_chain's quick shape 1024x1024) the param gets no "
+    "hint and the region is declined: 'shape (1024,) is ambiguous between row and col'. Minimal: "
+    "explain(lambda x, w: x * w, f32[64,64], f32[64]) gives the same reason")
+BIAS_GELU_KEY = (
+    "trace._dtype_name raises TypeError on extended dtypes: jax.random.bernoulli with a raw uint32[2] key "
+    "makes key<fry> values (random_wrap), and tracing bias_gelu_dropout fails")
+
+
+def _plan_params():
+    out = []
+    for target in ("h100", "h200"):
+        for name in WORKLOADS:
+            for dtype in DTYPES:
+                marks = []
+                if name == "fig7_chain":
+                    marks.append(known_bug(FIG7_AMBIGUOUS))
+                out.append(pytest.param(name, dtype, target, marks=marks, id=f"{name}-{dtype}-{target}"))
+    return out
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name,dtype,target", _plan_params())
+def test_workload_plans(name, dtype, target):
+    report = explain(WORKLOADS[name].fn, *quick_specs(name, dtype), target=target)
+    assert report.target == target
+    text = str(report)
+    assert text.startswith(f"jaxstitch plan for {target}")
+    for r in report.regions:
+        assert r.stitched or (isinstance(r.reason, str) and r.reason), f"region {r.index} lacks a reason\n{text}"
+        assert not (r.reason or "").startswith(("NVRTC", "codegen")), f"region {r.index}: {r.reason}\n{text}"
+    if name in ONE_KERNEL:
+        assert report.stitched_kernels == 1, text
+    if name == "bias_gelu_dropout":
+        ew = [r for r in report.regions if "erf" in r.ops]
+        assert ew, text
+        for r in ew:
+            assert not r.stitched, text
+            assert r.reason and r.reason.strip(), text
+
+
+# ----------------------------------------------------------------------------------------------------
+# thread mapping
+# ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("c,n,pattern", [
+    (16, 4096, r"\d+ rows per warp"),
+    (1024, 2048, r"(\d+ )?warps? per row|block per row"),
+    (32000, 64, r"block per row"),
+])
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_mapping_by_row_length(c, n, pattern, dtype):
+    x = S((n, c), DTYPES[dtype])
+    report = explain(softmax_fwdbwd, x, x)
+    assert len(report.regions) == 1, str(report)
+    r = report.regions[0]
+    assert r.mapping is not None, str(report)
+    assert re.fullmatch(pattern, r.mapping), f"C={c}: mapping {r.mapping!r}\n{report}"
+    assert (r.rows, r.cols) == (n, c)
+    assert r.block and r.block % 32 == 0 and r.block <= 1024
+    assert r.grid and r.grid >= 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# codegen: NVRTC compiles what the planner wants
+# ----------------------------------------------------------------------------------------------------
+
+def _check_report_regions(report):
+    text = str(report)
+    for r in report.regions:
+        if r.stitched:
+            assert isinstance(r.cache_key, str) and re.fullmatch(r"[0-9a-f]{64}", r.cache_key), text
+            assert r.kernels == 1 and r.mapping and r.scheme in ("local", "regional", "global"), text
+        else:
+            assert isinstance(r.reason, str) and r.reason.strip(), f"region {r.index} has no reason\n{text}"
+            assert not r.reason.startswith(("NVRTC", "codegen")), f"region {r.index}: {r.reason}\n{text}"
+
+
+@needs_nvrtc
+@settings(**HYPOTHESIS)
+@given(region_graphs(exclude=KNOWN_CODEGEN_BUG_FEATURES))
+def test_codegen_compiles_random_graphs(example):
+    fn, specs, _ = example
+    _check_report_regions(explain(fn, *specs))
+
+
+@needs_nvrtc
+@settings(**HYPOTHESIS)
+@given(region_graphs(exclude=KNOWN_CODEGEN_BUG_FEATURES))
+def test_every_planned_kernel_compiles(example):
+    """Also the kernels the cost model declines: codegen must handle every plan it is given."""
+    fn, specs, _ = example
+    program = _program(fn, specs)
+    arch = jaxstitch.get_target(TARGET).arch
+    for c in program.regions:
+        if c.plan.kernel is None:
+            continue
+        try:
+            src = codegen.render(c.plan.kernel)
+        except Unplannable:
+            continue  # a declined plan, with its reason
+        try:
+            nvrtc.compile_cubin(src.code, arch)
+        except nvrtc.CompileError as e:
+            pytest.fail(f"region {c.plan.region.id} ({c.plan.kernel.mapping.name}): {str(e)[:1500]}")
+
+
+def _bcast_output(x, w):
+    wb = jnp.broadcast_to(w * 2.0, x.shape)
+    y = x * wb
+    d = y - jnp.mean(y, axis=-1, keepdims=True)
+    return d * jax.lax.rsqrt(jnp.mean(d * d, axis=-1, keepdims=True) + 1e-5), wb
+
+
+def _unit_sum(x, w):
+    w2 = jnp.sum(w[None, :], axis=0) * 2.0   # a reduction over a size-1 axis, as vjp code makes
+    y = x * w2
+    y = y - jnp.max(y, axis=-1, keepdims=True)
+    y = y - jnp.mean(y, axis=-1, keepdims=True)
+    return y * jax.lax.rsqrt(jnp.mean(y * y, axis=-1, keepdims=True) + 1e-5)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("fn", [
+    pytest.param(_bcast_output, marks=known_bug(
+        "codegen.render: an output declared FULL whose storage is COL (a column value broadcast to [N, C], "
+        "here jnp.broadcast_to(w * 2, x.shape)) is computed in the prologue, and store_output writes it "
+        "there with `row_ok` / `row`, which exist only inside the row loop: NVRTC 'identifier \"row_ok\" "
+        "is undefined', region silently falls back to XLA"), id="broadcast_column_output"),
+    pytest.param(_unit_sum, marks=known_bug(
+        "codegen.render: a reduction over a size-1 axis (is_layout, 'trivial') of a COL/SCALAR value is "
+        "put in body_ops, so its alias is registered only in the row loop, but its elementwise consumers "
+        "are emitted in the prologue and name the undefined `v<id>`: NVRTC 'identifier \"v3\" is "
+        "undefined' (also any softmax on a [1, 1] array)"), id="unit_axis_sum_of_column"),
+])
+def test_codegen_known_patterns_compile(fn):
+    report = explain(fn, S((4096, 1024), jnp.float32), S((1024,), jnp.float32))
+    _check_report_regions(report)
+    assert report.stitched_kernels == 1, str(report)
+
+
+@needs_nvrtc
+@known_bug("codegen.render on a [1, 1] region: x - max(x, -1, keepdims=True) reduces over size-1 axes "
+           "only (trivial -> alias), every value is SCALAR and emitted in the prologue before the alias "
+           "exists: NVRTC 'identifier \"v1\" is undefined'")
+def test_single_element_kernel_compiles():
+    program = _program(lambda x: x - jnp.max(x, axis=-1, keepdims=True), [S((1, 1), jnp.float32)])
+    kernels = [c.plan.kernel for c in program.regions if c.plan.kernel is not None]
+    assert kernels
+    for k in kernels:
+        nvrtc.compile_cubin(codegen.render(k).code, "sm_90")
+
+
+# ----------------------------------------------------------------------------------------------------
+# the rebuilt function equals jax.jit
+# ----------------------------------------------------------------------------------------------------
+
+@settings(**HYPOTHESIS)
+@given(region_graphs())
+def test_random_graphs_match_jax_jit(example):
+    fn, specs, seed = example
+    args = random_inputs(specs, seed)
+    assert_trees_close(jaxstitch.jit(fn, target=TARGET)(*args), jax.jit(fn)(*args), repr(fn))
+
+
+def _equality_params():
+    out = []
+    for name in WORKLOADS:
+        for dtype in DTYPES:
+            marks = [known_bug(BIAS_GELU_KEY)] if name == "bias_gelu_dropout" else []
+            out.append(pytest.param(name, dtype, marks=marks, id=f"{name}-{dtype}"))
+    return out
+
+
+@pytest.mark.parametrize("name,dtype", _equality_params())
+def test_workloads_match_jax_jit(name, dtype):
+    fn = WORKLOADS[name].fn
+    args = quick_inputs(name, dtype)
+    assert_trees_close(jaxstitch.jit(fn, target=TARGET)(*args), jax.jit(fn)(*args), name)
+
+
+def test_grad_and_vmap_of_stitched_function():
+    from jaxstitch.workloads import layernorm
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((64, 256)), jnp.float32)
+    g = jnp.asarray(1 + 0.1 * rng.standard_normal(256), jnp.float32)
+    b = jnp.asarray(0.1 * rng.standard_normal(256), jnp.float32)
+
+    def loss(x, g, b):
+        return jnp.sum(layernorm(x, g, b) ** 2)
+
+    got = jax.grad(jaxstitch.jit(loss, target=TARGET), argnums=(0, 1, 2))(x, g, b)
+    want = jax.grad(loss, argnums=(0, 1, 2))(x, g, b)
+    for a, e in zip(got, want):
+        np.testing.assert_allclose(a, e, rtol=1e-5, atol=1e-5 * float(np.max(np.abs(e))))
+    xs = jnp.stack([x, 2 * x, x - 1])
+    got = jax.vmap(jaxstitch.jit(layernorm, target=TARGET), in_axes=(0, None, None))(xs, g, b)
+    want = jax.vmap(layernorm, in_axes=(0, None, None))(xs, g, b)
+    assert_close(got, want, "vmap")
+
+
+# ----------------------------------------------------------------------------------------------------
+# API
+# ----------------------------------------------------------------------------------------------------
+
+X = jnp.asarray(np.random.default_rng(3).standard_normal((64, 128)), jnp.float32)
+
+
+def _softmax_scaled(x, scale, *, axis=-1):
+    return jax.nn.softmax(x * scale, axis=axis)
+
+
+def test_static_argnums_and_argnames():
+    f = jaxstitch.jit(_softmax_scaled, static_argnums=1, static_argnames="axis", target=TARGET)
+    g = jax.jit(_softmax_scaled, static_argnums=1, static_argnames="axis")
+    assert_close(f(X, 2.0, axis=-1), g(X, 2.0, axis=-1))
+    assert_close(f(X, 0.5, axis=-1), g(X, 0.5, axis=-1))
+    assert_close(f(X, 2.0, axis=0), g(X, 2.0, axis=0))
+
+
+def test_static_argnames_positional_scale():
+    f = jaxstitch.jit(_softmax_scaled, static_argnames=("scale",), target=TARGET)
+    assert_close(f(X, scale=3.0), _softmax_scaled(X, 3.0))
+
+
+def test_array_kwargs():
+    def f(x, *, y, eps=1e-5):
+        d = x - jnp.mean(y, axis=-1, keepdims=True)
+        return d * jax.lax.rsqrt(jnp.mean(d * d, axis=-1, keepdims=True) + eps)
+
+    assert_close(jaxstitch.jit(f, target=TARGET)(X, y=X + 1), jax.jit(f)(X, y=X + 1))
+
+
+def test_pytrees_dict_in_tuple_out():
+    def f(d):
+        h = d["x"] * d["scale"]["w"]
+        return h - jnp.max(h, axis=-1, keepdims=True), (jnp.sum(h, axis=0), None)
+
+    tree = {"x": X, "scale": {"w": jnp.linspace(0.5, 1.5, 128, dtype=jnp.float32)}}
+    got = jaxstitch.jit(f, target=TARGET)(tree)
+    assert isinstance(got, tuple) and isinstance(got[1], tuple) and got[1][1] is None
+    assert_trees_close(got, jax.jit(f)(tree))
+
+
+def test_donate_argnums_accepted():
+    f = jaxstitch.jit(lambda x, y: jnp.tanh(x) + y, donate_argnums=0, target=TARGET)
+    want = jnp.tanh(X) + X
+    assert_close(f(X + 0, X), want)
+
+
+def test_decorator_with_and_without_arguments():
+    @jaxstitch.jit
+    def plain(x):
+        return x - jnp.max(x, axis=-1, keepdims=True)
+
+    @jaxstitch.jit(target=TARGET)
+    def targeted(x):
+        return x - jnp.max(x, axis=-1, keepdims=True)
+
+    @jaxstitch.jit(static_argnums=1, target=TARGET)
+    def with_static(x, k):
+        return x * k
+
+    want = X - jnp.max(X, axis=-1, keepdims=True)
+    assert_close(plain(X), want)
+    assert_close(targeted(X), want)
+    assert_close(with_static(X, 3), X * 3)
+
+
+def test_bad_fun_is_a_type_error():
+    with pytest.raises(TypeError, match="fun"):
+        jaxstitch.jit(3)
+    with pytest.raises(TypeError, match="fun"):
+        jaxstitch.explain("not a function", X, target=TARGET)
+
+
+def test_bad_target_is_a_value_error():
+    with pytest.raises(ValueError, match="target"):
+        jaxstitch.jit(lambda x: x, target="tpu9")
+    with pytest.raises(ValueError, match="target"):
+        jaxstitch.explain(lambda x: x, X, target="tpu9")
+    with pytest.raises((TypeError, ValueError), match="target"):
+        jaxstitch.jit(lambda x: x, target=5)
+
+
+def test_explain_without_target_on_cpu(gpu_available):
+    if gpu_available:
+        pytest.skip("a GPU is present: explain detects it")
+    with pytest.raises(ValueError, match="target"):
+        jaxstitch.explain(lambda x: x * 2, X)
+
+
+def test_no_gpu_no_target_is_plain_jit(gpu_available, monkeypatch):
+    if gpu_available:
+        pytest.skip("a GPU is present")
+
+    def boom(*a, **k):
+        raise AssertionError("planned although there is no GPU and no target")
+
+    monkeypatch.setattr(pipeline, "build", boom)
+    f = jaxstitch.jit(_softmax_scaled, static_argnums=1)
+    assert_close(f(X, 2.0), _softmax_scaled(X, 2.0))
+
+
+def test_disable_env_gives_plain_jit(monkeypatch):
+    calls = []
+    real_build = pipeline.build
+
+    def counting_build(*a, **k):
+        calls.append(1)
+        return real_build(*a, **k)
+
+    monkeypatch.setattr(pipeline, "build", counting_build)
+    fn = softmax_fwdbwd
+    args = quick_inputs("softmax_fwdbwd", "float32")
+    want = jax.jit(fn)(*args)
+    jaxstitch.jit(fn, target=TARGET)(*args)
+    assert calls, "control: without JAXSTITCH_DISABLE jaxstitch.jit plans"
+    calls.clear()
+    monkeypatch.setenv("JAXSTITCH_DISABLE", "1")
+    f = jaxstitch.jit(fn, target=TARGET)
+    assert_trees_close(f(*args), want)
+    assert not calls, "JAXSTITCH_DISABLE=1 still planned"
+
+
+@needs_nvrtc
+def test_dump_dir(monkeypatch, tmp_path):
+    dump = tmp_path / "dump"
+    monkeypatch.setenv("JAXSTITCH_DUMP_DIR", str(dump))
+    args = quick_inputs("layernorm_fwdbwd", "bfloat16")
+    out = jaxstitch.jit(layernorm_fwdbwd, target=TARGET)(*args)
+    assert_trees_close(out, jax.jit(layernorm_fwdbwd)(*args))
+    files = sorted(p.name for p in dump.iterdir())
+    cu = [f for f in files if re.fullmatch(r"region\d+\.cu", f)]
+    assert cu, files
+    assert "report.txt" in files
+    src = (dump / cu[0]).read_text()
+    assert "jaxstitch_kernel" in src and "__global__" in src
+    report_txt = (dump / "report.txt").read_text()
+    assert report_txt.startswith("jaxstitch plan for h100")
+    assert report_txt.strip() == str(explain(layernorm_fwdbwd, *[S(a.shape, a.dtype) for a in args])).strip()
+
+
+# ----------------------------------------------------------------------------------------------------
+# kernel cache
+# ----------------------------------------------------------------------------------------------------
+
+_CACHE_SCRIPT = textwrap.dedent("""
+    import glob, json, os, sys
+    import jax, jax.numpy as jnp
+    import jaxstitch
+    from jaxstitch.kernels import cache
+    from jaxstitch.workloads import layernorm_fwdbwd
+    x = jax.ShapeDtypeStruct((2048, 1024), jnp.bfloat16)
+    g = jax.ShapeDtypeStruct((1024,), jnp.bfloat16)
+    report = jaxstitch.explain(layernorm_fwdbwd, x, g, g, x, target="h100")
+    dump = os.environ["JAXSTITCH_DUMP_DIR"]
+    out = {"report_keys": [r.cache_key for r in report.regions if r.stitched], "sources": {}}
+    for path in sorted(glob.glob(os.path.join(dump, "region*.cu"))):
+        src = open(path).read()
+        out["sources"][os.path.basename(path)] = {
+            "sm_90": cache.cache_key(src, "sm_90"), "sm_80": cache.cache_key(src, "sm_80")}
+    s = jaxstitch.cache_stats()
+    out["stats"] = {"nvrtc_compiles": s.nvrtc_compiles, "disk_hits": s.disk_hits}
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def _run_cache_script(cache_dir, dump_dir, hash_seed):
+    env = dict(os.environ, JAXSTITCH_CACHE_DIR=str(cache_dir), JAXSTITCH_DUMP_DIR=str(dump_dir),
+               PYTHONHASHSEED=str(hash_seed), JAX_PLATFORMS="cpu")
+    env.pop("JAXSTITCH_DISABLE", None)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, "-c", _CACHE_SCRIPT], env=env, capture_output=True, text=True,
+                          timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@needs_nvrtc
+def test_cache_key_stable_across_processes_and_warm_disk_cache(tmp_path):
+    cache_dir = tmp_path / "cache"
+    first = _run_cache_script(cache_dir, tmp_path / "dump1", 1)
+    second = _run_cache_script(cache_dir, tmp_path / "dump2", 2)
+    assert first["sources"], "no region*.cu dumped"
+    # the same generated source, hence the same key, in two fresh processes
+    assert first["sources"] == second["sources"]
+    for keys in first["sources"].values():
+        assert keys["sm_90"] != keys["sm_80"]
+    # the key the report shows is cache_key(source, target arch)
+    assert sorted(first["report_keys"]) == sorted(k["sm_90"] for k in first["sources"].values())
+    assert first["report_keys"] == second["report_keys"]
+    # a cold process compiled; a fresh one with the same cache dir only reads the disk
+    assert first["stats"]["nvrtc_compiles"] > 0
+    assert second["stats"]["nvrtc_compiles"] == 0, second
+    assert second["stats"]["disk_hits"] > 0, second
+    assert list(cache_dir.rglob("*.cubin")), "nothing written to JAXSTITCH_CACHE_DIR"
+
+
+def test_cache_key_depends_on_source_and_arch():
+    a = cache.cache_key("extern \"C\" __global__ void k() {}", "sm_90")
+    assert a == cache.cache_key("extern \"C\" __global__ void k() {}", "sm_90")
+    assert a != cache.cache_key("extern \"C\" __global__ void k() {}", "sm_80")
+    assert a != cache.cache_key("extern \"C\" __global__ void k() { }", "sm_90")
+    assert re.fullmatch(r"[0-9a-f]{64}", a)
+
+
+def test_session_cache_dir_is_private(_jaxstitch_session_env):
+    assert os.environ["JAXSTITCH_CACHE_DIR"] == str(_jaxstitch_session_env)
+    assert config.load().cache_dir == str(_jaxstitch_session_env)
