@@ -134,6 +134,7 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
 
 def _merge_siblings(graph, nodes: _Nodes, region_ops: dict, fits):
     """Merge regions that read a common input and do not depend on each other (one pass over inputs)."""
+    consumers = _consumers(graph)
     readers: dict[int, list] = {}
     for root, rops in region_ops.items():
         for op in rops:
@@ -150,7 +151,7 @@ def _merge_siblings(graph, nodes: _Nodes, region_ops: dict, fits):
                 if nodes.reaches([a], b) or nodes.reaches([b], a):
                     continue
                 merged = sorted(region_ops[a] + region_ops[b], key=lambda op: op.index)
-                if not fits(_make_region(graph, -1, merged, set())):
+                if not fits(_make_region(graph, -1, merged, consumers)):
                     continue
                 del region_ops[a], region_ops[b]
                 root = nodes.union(a, b)
@@ -166,10 +167,9 @@ def _consumers(graph: ir.Graph) -> dict[int, set[int]]:
     return out
 
 
-def _make_region(graph: ir.Graph, rid: int, rops: list[ir.Op], _unused) -> Region:
+def _make_region(graph: ir.Graph, rid: int, rops: list[ir.Op], consumers: dict[int, set[int]]) -> Region:
     members = {op.index for op in rops}
     produced = {o.id for op in rops for o in op.outputs}
-    consumers = _consumers(graph)
     graph_out = {a.id for a in graph.outputs if isinstance(a, ir.Value)}
     inputs, seen = [], set()
     for op in rops:
@@ -184,5 +184,6 @@ def _make_region(graph: ir.Graph, rid: int, rops: list[ir.Op], _unused) -> Regio
 
 def _collect(graph: ir.Graph, nodes: _Nodes, region_ops: dict) -> tuple[Region, ...]:
     ordered = sorted(region_ops.values(), key=lambda rops: min(op.index for op in rops))
-    return tuple(_make_region(graph, i, sorted(rops, key=lambda op: op.index), set())
+    consumers = _consumers(graph)
+    return tuple(_make_region(graph, i, sorted(rops, key=lambda op: op.index), consumers)
                  for i, rops in enumerate(ordered))

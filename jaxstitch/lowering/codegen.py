@@ -139,13 +139,14 @@ class _Kernel:
             self.elementwise(w, op)
 
     # ---- memory -----------------------------------------------------------------------------------
-    def load_array(self, w: _Writer, v: ir.Value, ptr: str):
+    def load_array(self, w: _Writer, v: ir.Value, ptr: str, per_row: bool):
+        """E elements of `v` owned by this thread: of the current row, or of the column vector."""
         ct, st = self.ctype(v), STYPE[v.dtype]
         w(f"{ct} v{v.id}[E];")
         w("#pragma unroll")
         w("for (int k = 0; k < VPT; ++k) {")
         w("  const int col0 = (k * TPR + lane) * V;")
-        w(f"  if ({'row_ok && ' if ptr.startswith('row') else ''}col0 < N_COLS) js_load<{st}, V>({ptr.split(':')[-1]} + col0, &v{v.id}[k * V]);")
+        w(f"  if ({'row_ok && ' if per_row else ''}col0 < N_COLS) js_load<{st}, V>({ptr} + col0, &v{v.id}[k * V]);")
         w(f"  else for (int i = 0; i < V; ++i) v{v.id}[k * V + i] = ({ct})0;")
         w("}")
 
@@ -275,7 +276,7 @@ def render(plan: KernelPlan) -> Source:
         if p.storage == SCALAR:
             pro(f"const {k.ctype(v)} v{v.id} = js_io<{STYPE[v.dtype]}>::get(in{i}[0]);")
         elif p.storage == COL:
-            k.load_array(pro, v, f"in{i}")
+            k.load_array(pro, v, f"in{i}", per_row=False)
     body_ops, epi_ops = [], []
     for op in region.ops:
         p = layout.of(op.outputs[0])
@@ -301,7 +302,7 @@ def render(plan: KernelPlan) -> Source:
         if p.storage == ROW:
             body(f"const {k.ctype(v)} v{v.id} = row_ok ? js_io<{STYPE[v.dtype]}>::get(in{i}[row]) : ({k.ctype(v)})0;")
         elif p.storage == FULL:
-            k.load_array(body, v, f"row:in{i} + row * N_COLS")
+            k.load_array(body, v, f"in{i} + row * N_COLS", per_row=True)
     for v in region.inputs:
         k.store_output(body, v, in_body=True)
     n_levels = max([level[o.outputs[0].id] for o in body_ops] + [0])
