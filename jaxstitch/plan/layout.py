@@ -92,7 +92,8 @@ def _split(shape, n_rows) -> int:
     raise Unplannable(f"shape {shape} does not split into {n_rows} rows")
 
 
-def _declared(v: ir.Value, n: int, c: int, hint: str | None = None) -> str:
+def _declared(v: ir.Value, n: int, c: int, hint: str | None = None, constant: bool = False) -> str:
+    """The kind `v`'s shape spans; a constant (scalar storage) may take either reading of N == C."""
     size = v.size
     options = [k for k, s in ((SCALAR, 1), (FULL, n * c), (ROW, n), (COL, c)) if s == size]
     if not options:
@@ -101,6 +102,8 @@ def _declared(v: ir.Value, n: int, c: int, hint: str | None = None) -> str:
         return options[0]
     if hint in options:
         return hint
+    if constant:
+        return options[-1]
     return options[0] if options[0] in (SCALAR, FULL) else _ambiguous(v, options)
 
 
@@ -127,10 +130,11 @@ def place(region: Region) -> Layout:
         out = op.outputs[0]
         if op.prim in opdefs.ELEMENTWISE:
             hint = vals[0].declared if vals else None
-            decl = _declared(out, n, c, hint)
-            placed[out.id] = Placed(out, decl, join(p.storage for p in vals), level)
+            storage = join(p.storage for p in vals)
+            decl = _declared(out, n, c, hint, constant=storage == SCALAR)
+            placed[out.id] = Placed(out, decl, storage, level)
         elif opdefs.is_layout(op) and not vals:  # a broadcast literal
-            placed[out.id] = Placed(out, _declared(out, n, c), SCALAR, 0)
+            placed[out.id] = Placed(out, _declared(out, n, c, constant=True), SCALAR, 0)
         elif opdefs.is_layout(op):
             src = vals[0]
             decl = _declared(out, n, c, src.declared if out.size == src.value.size else None)
