@@ -16,13 +16,16 @@ Every value's magnitude is tracked while drawing: ops that could overflow get th
 (`v / (1 + |v|)`), `exp` only ever sees a bounded value, and comparisons only read input values (never a
 computed one), so a GPU kernel that rounds differently than XLA moves outputs a little, never flips a
 branch. `fn.lossy_dtype` is the lowest precision a *computed* value was rounded to (None if everything
-after the inputs stays in float32): tests loosen their tolerance to it.
+after the inputs stays in float32): tests loosen their tolerance to it. `fn.abs_variant()` is the same
+graph with sums over absolute values: the error scale of outputs that are (or come from) sums.
 
 `exclude` drops features by name (see `FEATURES`); tests use it to keep a known, separately tested
 package bug out of the general property tests.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 
 import jax
@@ -42,6 +45,7 @@ FEATURES = frozenset({
     "onehot", "argmax", "colsum", "scalar_out", "rowred", "norm", "softmax", "where", "outer",
     "row_params", "col_params", "bcast", "unit_sum",
     "single_element",  # N == C == 1
+    "single_row",      # N == 1
 })
 
 _UNARY = ("tanh", "logistic", "exp", "log1p_abs", "sqrt_abs", "rsqrt_1p_abs", "abs", "neg", "erf",
@@ -57,7 +61,8 @@ def np_dtype(name: str):
     return _NP_DTYPE[name]
 
 
-def _coarser(a, b):
+def coarser(a, b):
+    """The coarser of two float dtype names (None = no rounding)."""
     if a is None:
         return b
     if b is None:
@@ -141,13 +146,23 @@ class RegionGraph:
     """A random memory-bound function. `inputs` = ((name, kind, dtype), ...) in argument order;
     `program` = ((dst, op, *operands), ...); `outputs` = ((op, *operands), ...)."""
 
-    def __init__(self, n, c, inputs, program, outputs, kinds, lossy_dtype):
+    def __init__(self, n, c, inputs, program, outputs, kinds, lossy_dtype, abs_sums=False):
+        self.abs_sums = abs_sums
         self.n, self.c = n, c
         self.inputs, self.program, self.outputs = tuple(inputs), tuple(program), tuple(outputs)
         self.kinds = dict(kinds)  # value name -> "full" / "row" / "col"
         self.lossy_dtype = lossy_dtype
         self.__name__ = "region_graph"
         self.__qualname__ = "region_graph"
+
+    def abs_variant(self) -> "RegionGraph":
+        """The same graph with every sum (row sums, means, column sums) taken over absolute values.
+
+        Its outputs are the natural error scale of the original's: a sum that cancels to ~0 is still
+        only as accurate as the sum of its terms' magnitudes. Tests compare against
+        max(|reference|, |abs_variant|)."""
+        return RegionGraph(self.n, self.c, self.inputs, self.program, self.outputs, self.kinds,
+                           self.lossy_dtype, abs_sums=True)
 
     def __repr__(self):
         lines = [f"RegionGraph(N={self.n}, C={self.c}, lossy={self.lossy_dtype})"]
@@ -196,6 +211,8 @@ class RegionGraph:
         if op == "rowred":
             name, src, keepdims = rest
             v = env[src].astype(jnp.float32)
+            if self.abs_sums and name in ("sum", "mean"):
+                v = jnp.abs(v)
             if name == "sum":
                 return jnp.sum(v, axis=-1, keepdims=keepdims)
             if name == "max":
@@ -228,11 +245,13 @@ class RegionGraph:
         if op == "row":
             return v
         if op == "colsum":
-            return jnp.sum(v.astype(jnp.float32), axis=0)
+            v = v.astype(jnp.float32)
+            return jnp.sum(jnp.abs(v) if self.abs_sums else v, axis=0)
         if op == "argmax":
             return jnp.argmax(v, axis=-1)
         if op == "mean":
-            return jnp.mean(v.astype(jnp.float32))
+            v = v.astype(jnp.float32)
+            return jnp.mean(jnp.abs(v) if self.abs_sums else v)
         if op == "bcast":  # a row or column value broadcast to the full [N, C] as an output
             return jnp.broadcast_to(_as_full(v, self.kinds[src]), (self.n, self.c))
         raise ValueError(op)
@@ -269,7 +288,7 @@ class _Builder:
         self.cost += _COST[op] if cost is None else cost
         meta = self.vals[dst]
         if meta["dtype"] != "float32" and not meta["exact"]:
-            self.lossy = _coarser(self.lossy, meta["dtype"])
+            self.lossy = coarser(self.lossy, meta["dtype"])
         return dst
 
     def pick(self, kinds=("full", "row", "col"), prefer_recent=True):
@@ -303,7 +322,7 @@ class _Builder:
             if dtype != "float32":
                 name = "to_f32"
             else:
-                self.lossy = _coarser(self.lossy, "bfloat16" if name == "round_bf16" else "float16")
+                self.lossy = coarser(self.lossy, "bfloat16" if name == "round_bf16" else "float16")
         dst = self.new(m["kind"], dtype, new_mag)
         return self.emit(dst, "unary", name, src, cost=_UNARY_COST.get(name, 1))
 
@@ -311,6 +330,12 @@ class _Builder:
         if self.vals[name]["mag"] > limit:
             return self.unary("squash", name)
         return name
+
+    def _binary_mag(self, name, a, b):
+        ma = self.vals[a]["mag"]
+        mb = abs(b[1]) if isinstance(b, tuple) else self.vals[b]["mag"]
+        return {"add": ma + mb, "sub": ma + mb, "mul": ma * mb, "div_1p_abs": ma, "max": max(ma, mb),
+                "min": max(ma, mb)}[name]
 
     def binary(self, name, a, b):
         """b: a value name or ('const', x)."""
@@ -320,10 +345,12 @@ class _Builder:
                 a = self.squash_if(a, 1.0)
                 if not isinstance(b, tuple):
                     b = self.squash_if(b, 1.0)
-        ma = self.vals[a]["mag"]
-        mb = abs(b[1]) if isinstance(b, tuple) else self.vals[b]["mag"]
-        mag = {"add": ma + mb, "sub": ma + mb, "mul": ma * mb, "div_1p_abs": ma, "max": max(ma, mb),
-               "min": max(ma, mb)}[name]
+        mag = self._binary_mag(name, a, b)
+        if mag > MAX_MAG:  # keep every value far from float16's range
+            a = self.squash_if(a, 1.0)
+            if not isinstance(b, tuple):
+                b = self.squash_if(b, 1.0)
+            mag = self._binary_mag(name, a, b)
         ka = self.vals[a]["kind"]
         kb = "scalar" if isinstance(b, tuple) else self.vals[b]["kind"]
         kind = ka if kb in ("scalar", ka) else ("full" if "full" in (ka, kb) or {ka, kb} == {"row", "col"}
@@ -370,7 +397,7 @@ def _region_graphs(draw, max_elems, exclude, max_cost: int = 18):
     unknown = exclude - FEATURES
     if unknown:
         raise ValueError(f"unknown features {sorted(unknown)}")
-    n = draw(st.sampled_from(SIZES))
+    n = draw(st.sampled_from([s for s in SIZES if not (s == 1 and "single_row" in exclude)]))
     c = draw(st.sampled_from([s for s in SIZES if n * s <= max_elems
                               and not (n * s == 1 and "single_element" in exclude)]))
     xd = draw(st.sampled_from(FLOAT_DTYPES))
@@ -412,6 +439,8 @@ def _region_graphs(draw, max_elems, exclude, max_cost: int = 18):
         if step in ("norm", "softmax") and room < _COST[step]:
             step = "unary"
         src = b.pick(("full",)) if draw(st.booleans()) else cur
+        if step in ("rowred", "norm", "softmax") and b.vals[src]["kind"] != "full":
+            src = b.pick(("full",))
         if step == "unary":
             names = [u for u in _UNARY if u not in exclude and not (
                 u.startswith("round_") and b.vals[src]["dtype"] != "float32" and u != "round_bf16")]
@@ -442,7 +471,7 @@ def _region_graphs(draw, max_elems, exclude, max_cost: int = 18):
             dst = b.new("full", dtype, ma)
             cur = b.emit(dst, "where", draw(st.sampled_from(_COMPARE)), pred_lhs, rhs, src, other, fill)
         elif step == "fill":
-            dst = b.new("full", b.vals[src]["dtype"], b.vals[src]["mag"] * 0.5)
+            dst = b.new(b.vals[src]["kind"], b.vals[src]["dtype"], b.vals[src]["mag"] * 0.5)
             cur = b.emit(dst, "full_like", src)
         elif step == "rowred":
             kind = draw(st.sampled_from(_ROWRED))
@@ -529,3 +558,33 @@ def random_inputs(specs, seed):
         a[a == 0] = 1.0  # no exact zeros, even after rounding to a half type
         out.append(jnp.asarray(a, dtype=s.dtype))
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Forcing the planner's hand
+# --------------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def force_stitching():
+    """Within the block, every region that has a kernel plan is stitched, whatever the cost model says.
+
+    Random graphs are mostly small one-pass regions that the cost model (rightly) leaves to XLA; forcing
+    them through codegen, the stitcher's rebuild and (on a GPU) our kernels is what tests those parts.
+    Patches `jaxstitch.pipeline.plan_region`, the planner entry the pipeline calls."""
+    from jaxstitch import pipeline
+
+    original = getattr(pipeline, "plan_region", None)
+    if original is None:
+        raise AssertionError("jaxstitch.pipeline.plan_region is gone: update tests/strategies.force_stitching")
+
+    def plan_without_cost_veto(*args, **kwargs):
+        plan = original(*args, **kwargs)
+        if plan.kernel is not None and plan.reason is not None:
+            plan = dataclasses.replace(plan, reason=None)
+        return plan
+
+    pipeline.plan_region = plan_without_cost_veto
+    try:
+        yield
+    finally:
+        pipeline.plan_region = original

@@ -23,10 +23,8 @@ from hypothesis import HealthCheck, given, settings
 import jaxstitch
 from jaxstitch import config, pipeline
 from jaxstitch.kernels import cache, nvrtc
-from jaxstitch.lowering import codegen
-from jaxstitch.plan import Unplannable
 from jaxstitch.workloads import WORKLOADS, fig7_chain, layernorm_fwdbwd, softmax_fwdbwd, xent_fwdbwd
-from strategies import random_inputs, region_graphs
+from strategies import force_stitching, random_inputs, region_graphs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = "h100"
@@ -34,11 +32,12 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 S = jax.ShapeDtypeStruct
 
 # Workloads that must become exactly one stitched kernel at their quick shapes.
-ONE_KERNEL = ("layernorm_fwdbwd", "softmax_fwdbwd", "xent_fwdbwd", "rmsnorm_residual_fwdbwd", "fig7_chain")
+# fig7_chain is absent on purpose: XLA runs it as one kernel, so the planner leaves it to XLA.
+ONE_KERNEL = ("layernorm_fwdbwd", "softmax_fwdbwd", "xent_fwdbwd", "rmsnorm_residual_fwdbwd")
 
 # Features of the random graphs that hit known codegen bugs (see the xfail tests in "codegen" below):
 # the codegen property tests leave them out until those are fixed. Empty this when they pass.
-KNOWN_CODEGEN_BUG_FEATURES = ("bcast", "unit_sum", "single_element")
+KNOWN_CODEGEN_BUG_FEATURES = ("bcast", "unit_sum", "single_element", "single_row")
 
 HYPOTHESIS = dict(max_examples=25, deadline=None,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
@@ -218,18 +217,11 @@ N_EQ_C_PARAM = (
     "param through [1, C] first, so with N == C (quick shape 1024x1024) the param gets no hint and the "
     "region is declined: 'shape (1024,) is ambiguous between row and col'. Minimal: "
     "explain(lambda x, w: x * w, f32[64,64], f32[64], target='h100')")
-N_EQ_C_LITERAL = (
-    "layout.place: a broadcast of a literal to a [N]-shaped value (jax.nn.softmax's vjp makes "
-    "`broadcast_in_dim 1.0:f32[] -> f32[1024]`) is placed with no hint, so with N == C (quick shape "
-    "1024x1024) it is 'ambiguous between row and col' and the whole region is declined. Minimal: "
-    "explain(lambda x: x * jnp.full((x.shape[0],), 2.0)[:, None], f32[64,64], target='h100')")
 XENT_SPILLS = (
     "xent_fwdbwd at 256x32000: the block-per-row kernel keeps 32 elements per thread and live array in "
     "registers and spills (~4-9 KB), so pipeline.compile_region declines it ('rows this long need task "
     "splitting over blocks (not implemented yet)'): 0 stitched kernels instead of 1")
 KNOWN_PLAN_BUGS = {
-    "fig7_chain": N_EQ_C_PARAM,
-    "softmax_fwdbwd": N_EQ_C_LITERAL,
     "xent_fwdbwd": XENT_SPILLS,
 }
 
@@ -326,19 +318,12 @@ def test_codegen_compiles_random_graphs(example):
 def test_every_planned_kernel_compiles(example):
     """Also the kernels the cost model declines: codegen must handle every plan it is given."""
     fn, specs, _ = example
-    program = _program(fn, specs)
-    arch = jaxstitch.get_target(TARGET).arch
-    for c in program.regions:
-        if c.plan.kernel is None:
-            continue
-        try:
-            src = codegen.render(c.plan.kernel)
-        except Unplannable:
-            continue  # a declined plan, with its reason
-        try:
-            nvrtc.compile_cubin(src.code, arch)
-        except nvrtc.CompileError as e:
-            pytest.fail(f"region {c.plan.region.id} ({c.plan.kernel.mapping.name}): {str(e)[:1500]}")
+    with force_stitching():
+        report = explain(fn, *specs)
+    _check_report_regions(report)
+    for r in report.regions:
+        if r.mapping is not None:  # it had a kernel plan, so it was compiled
+            assert r.stitched or "spills" in (r.reason or ""), str(report)
 
 
 def _bcast_output(x, w):
@@ -378,13 +363,13 @@ def test_codegen_known_patterns_compile(fn):
 @needs_nvrtc
 @known_bug("codegen.render on a [1, 1] region: x - max(x, -1, keepdims=True) reduces over size-1 axes "
            "only (trivial -> alias), every value is SCALAR and emitted in the prologue before the alias "
-           "exists: NVRTC 'identifier \"v1\" is undefined'")
+           "exists: NVRTC 'identifier \"v1\" is undefined' (hidden today because the cost model declines "
+           "1x1 regions; forced here)")
 def test_single_element_kernel_compiles():
-    program = _program(lambda x: x - jnp.max(x, axis=-1, keepdims=True), [S((1, 1), jnp.float32)])
-    kernels = [c.plan.kernel for c in program.regions if c.plan.kernel is not None]
-    assert kernels
-    for k in kernels:
-        nvrtc.compile_cubin(codegen.render(k).code, "sm_90")
+    with force_stitching():
+        report = explain(lambda x: x - jnp.max(x, axis=-1, keepdims=True), S((1, 1), jnp.float32))
+    _check_report_regions(report)
+    assert report.stitched_kernels == 1, str(report)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -394,9 +379,15 @@ def test_single_element_kernel_compiles():
 @settings(**HYPOTHESIS)
 @given(region_graphs())
 def test_random_graphs_match_jax_jit(example):
+    """As planned, and with every plannable region stitched (so the rebuilt function really is a
+    schedule of `stitch` primitives and plain equations)."""
     fn, specs, seed = example
     args = random_inputs(specs, seed)
-    assert_trees_close(jaxstitch.jit(fn, target=TARGET)(*args), jax.jit(fn)(*args), repr(fn))
+    want = jax.jit(fn)(*args)
+    assert_trees_close(jaxstitch.jit(fn, target=TARGET)(*args), want, repr(fn))
+    with force_stitching():
+        got = jaxstitch.jit(fn, target=TARGET)(*args)
+    assert_trees_close(got, want, "forced stitching: " + repr(fn))
 
 
 def _equality_params():

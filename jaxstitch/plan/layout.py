@@ -131,13 +131,13 @@ def place(region: Region) -> Layout:
         if op.prim in opdefs.ELEMENTWISE:
             hint = vals[0].declared if vals else None
             storage = join(p.storage for p in vals)
-            decl = _declared(out, n, c, hint, constant=storage == SCALAR)
+            decl = _declared(out, n, c, hints.get(out.id, hint), constant=storage == SCALAR)
             placed[out.id] = Placed(out, decl, storage, level)
         elif opdefs.is_layout(op) and not vals:  # a broadcast literal
             placed[out.id] = Placed(out, _declared(out, n, c, constant=True), SCALAR, 0)
         elif opdefs.is_layout(op):
             src = vals[0]
-            decl = _declared(out, n, c, src.declared if out.size == src.value.size else None)
+            decl = _declared(out, n, c, hints.get(out.id, src.declared if out.size == src.value.size else None))
             if op.prim == "broadcast_in_dim" and src.storage in (ROW, COL) and decl == FULL:
                 _check_broadcast(op, src, n)
             placed[out.id] = Placed(out, decl, src.storage, level)
@@ -158,16 +158,30 @@ def place(region: Region) -> Layout:
 
 
 def _input_hints(region: Region, n: int, c: int) -> dict[int, str]:
-    """For inputs whose size fits both a row and a column (N == C), the kind their broadcasts give."""
-    hints = {}
-    for op in region.ops:
-        if op.prim == "broadcast_in_dim" and isinstance(op.inputs[0], ir.Value):
-            src, out = op.inputs[0], op.outputs[0]
-            if out.size != n * c or src.size in (1, n * c):
-                continue
+    """Row or column, for values whose size fits both (N == C), read off how they are used.
+
+    Walks the ops backwards: an operand broadcast (explicitly, or by an elementwise op's size-1
+    dimensions) into a full-size value is a row if its dimensions land before the row/column split;
+    a value of the same size as a hinted broadcast or reshape result takes that result's hint.
+    """
+    hints: dict[int, str] = {}
+    for op in reversed(region.ops):
+        out = op.outputs[0]
+        operands = [a for a in op.inputs if isinstance(a, ir.Value) and a.size not in (1, n * c)]
+        if out.size == n * c and (op.prim == "broadcast_in_dim" or op.prim in opdefs.ELEMENTWISE):
             j = _split(out.shape, n)
-            dims = [d for i, d in zip(range(len(src.shape)), op.param("broadcast_dimensions")) if src.shape[i] != 1]
-            hints[src.id] = ROW if all(d < j for d in dims) else COL
+            for a in operands:
+                if op.prim == "broadcast_in_dim":
+                    dims = [d for i, d in enumerate(op.param("broadcast_dimensions")) if a.shape[i] != 1]
+                elif len(a.shape) == len(out.shape):
+                    dims = [i for i, d in enumerate(a.shape) if d != 1]
+                else:
+                    continue
+                hints.setdefault(a.id, ROW if all(d < j for d in dims) else COL)
+        elif opdefs.is_layout(op) and out.id in hints:
+            for a in operands:
+                if a.size == out.size:
+                    hints.setdefault(a.id, hints[out.id])
     return hints
 
 
