@@ -16,7 +16,9 @@ Every value's magnitude is tracked while drawing: ops that could overflow get th
 (`v / (1 + |v|)`), `exp` only ever sees a bounded value, and comparisons only read input values (never a
 computed one), so a GPU kernel that rounds differently than XLA moves outputs a little, never flips a
 branch. `fn.lossy_dtype` is the lowest precision a *computed* value was rounded to (None if everything
-after the inputs stays in float32): tests loosen their tolerance to it. `fn.abs_variant()` is the same
+after the inputs stays in float32): tests loosen their tolerance to it. `fn.out_err[i]` bounds how far
+output i may move (absolutely) when those roundings happen differently or not at all (XLA on GPUs skips
+f32 -> bf16 -> f32 round trips: excess precision); it is 0 for graphs without half-precision math. `fn.abs_variant()` is the same
 graph with sums over absolute values: the error scale of outputs that are (or come from) sums.
 
 `exclude` drops features by name (see `FEATURES`); tests use it to keep a known, separately tested
@@ -55,6 +57,7 @@ _COMPARE = ("gt", "lt", "ge", "le", "ne")
 _ROWRED = ("sum", "max", "min", "mean")
 _NP_DTYPE = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "int32": jnp.int32}
 _PRECISION = {"float32": 0, "float16": 1, "bfloat16": 2}  # higher = coarser
+HALF_ULP = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}  # relative, one unit in the last place
 
 
 def np_dtype(name: str):
@@ -146,8 +149,9 @@ class RegionGraph:
     """A random memory-bound function. `inputs` = ((name, kind, dtype), ...) in argument order;
     `program` = ((dst, op, *operands), ...); `outputs` = ((op, *operands), ...)."""
 
-    def __init__(self, n, c, inputs, program, outputs, kinds, lossy_dtype, abs_sums=False):
+    def __init__(self, n, c, inputs, program, outputs, kinds, lossy_dtype, abs_sums=False, out_err=None):
         self.abs_sums = abs_sums
+        self.out_err = tuple(out_err) if out_err is not None else (0.0,) * len(outputs)
         self.n, self.c = n, c
         self.inputs, self.program, self.outputs = tuple(inputs), tuple(program), tuple(outputs)
         self.kinds = dict(kinds)  # value name -> "full" / "row" / "col"
@@ -162,10 +166,11 @@ class RegionGraph:
         only as accurate as the sum of its terms' magnitudes. Tests compare against
         max(|reference|, |abs_variant|)."""
         return RegionGraph(self.n, self.c, self.inputs, self.program, self.outputs, self.kinds,
-                           self.lossy_dtype, abs_sums=True)
+                           self.lossy_dtype, abs_sums=True, out_err=self.out_err)
 
     def __repr__(self):
-        lines = [f"RegionGraph(N={self.n}, C={self.c}, lossy={self.lossy_dtype})"]
+        lines = [f"RegionGraph(N={self.n}, C={self.c}, lossy={self.lossy_dtype}, "
+                 f"out_err={tuple(float(f'{e:.3g}') for e in self.out_err)})"]
         lines += [f"  in  {name}: {kind} {dt}" for name, kind, dt in self.inputs]
         lines += [f"  {ins[0]} = {ins[1]}{ins[2:]}" for ins in self.program]
         lines += [f"  out {o}" for o in self.outputs]
@@ -277,11 +282,16 @@ class _Builder:
         self.lossy = None
         self.counter = 0
 
-    def new(self, kind, dtype, mag, exact=False):
+    def new(self, kind, dtype, mag, exact=False, err=0.0):
+        """`err`: an absolute bound on how far the value may move when half-precision roundings happen
+        differently (XLA on GPUs may skip an f32->bf16->f32 round trip: excess precision)."""
         name = f"v{self.counter}"
         self.counter += 1
-        self.vals[name] = dict(kind=kind, dtype=dtype, mag=float(mag), exact=exact)
+        self.vals[name] = dict(kind=kind, dtype=dtype, mag=float(mag), exact=exact, err=float(err))
         return name
+
+    def err(self, ref):
+        return 0.0 if isinstance(ref, tuple) else self.vals[ref]["err"]
 
     def emit(self, dst, op, *rest, cost=None):
         self.program.append((dst, op) + tuple(rest))
@@ -289,12 +299,13 @@ class _Builder:
         meta = self.vals[dst]
         if meta["dtype"] != "float32" and not meta["exact"]:
             self.lossy = coarser(self.lossy, meta["dtype"])
+            meta["err"] += meta["mag"] * HALF_ULP[meta["dtype"]]
         return dst
 
-    def pick(self, kinds=("full", "row", "col"), prefer_recent=True):
+    def pick(self, kinds=("full", "row", "col"), prefer_recent=True, draw=True):
         names = [k for k, m in self.vals.items() if m["kind"] in kinds and m["dtype"] != "int32"]
-        if not names:
-            return None
+        if not names or not draw:
+            return names[-1] if names else None
         if prefer_recent and len(names) > 1 and self.draw(st.booleans()):
             return names[-1]
         return self.draw(st.sampled_from(names))
@@ -323,7 +334,13 @@ class _Builder:
                 name = "to_f32"
             else:
                 self.lossy = coarser(self.lossy, "bfloat16" if name == "round_bf16" else "float16")
-        dst = self.new(m["kind"], dtype, new_mag)
+        e = m["err"]
+        new_err = {"exp": new_mag * e, "sqrt_abs": math.sqrt(e), "rsqrt_1p_abs": 0.5 * e,
+                   "pow2": 2 * mag * e + e * e, "pow3": 3 * (mag + e) ** 2 * e, "erf": 1.13 * e,
+                   "logistic": 0.25 * e}.get(name, e)
+        if name in ("round_bf16", "round_f16"):
+            new_err += mag * HALF_ULP["bfloat16" if name == "round_bf16" else "float16"]
+        dst = self.new(m["kind"], dtype, new_mag, err=new_err)
         return self.emit(dst, "unary", name, src, cost=_UNARY_COST.get(name, 1))
 
     def squash_if(self, name, limit=MAX_MAG):
@@ -359,8 +376,13 @@ class _Builder:
             dtype = self.vals[a]["dtype"]
         else:
             da, db = self.vals[a]["dtype"], self.vals[b]["dtype"]
-            dtype = da if da == db else ("float32" if "float32" in (da, db) else "float32")
-        dst = self.new(kind, dtype, mag)
+            dtype = da if da == db else "float32"  # bf16 with f16 also promotes to f32 in jnp
+        ea, eb = self.err(a), self.err(b)
+        ma = self.vals[a]["mag"]
+        mb = abs(b[1]) if isinstance(b, tuple) else self.vals[b]["mag"]
+        err = {"add": ea + eb, "sub": ea + eb, "mul": ma * eb + mb * ea + ea * eb,
+               "div_1p_abs": ea + ma * eb, "max": max(ea, eb), "min": max(ea, eb)}[name]
+        dst = self.new(kind, dtype, mag, err=err)
         return self.emit(dst, "binary", name, a, b)
 
 
@@ -392,7 +414,7 @@ def region_graphs(max_elems: int = 1 << 18, exclude=()):
 
 
 @st.composite
-def _region_graphs(draw, max_elems, exclude, max_cost: int = 18):
+def _region_graphs(draw, max_elems, exclude, max_cost: int = 16):
     exclude = frozenset(exclude)
     unknown = exclude - FEATURES
     if unknown:
@@ -434,7 +456,11 @@ def _region_graphs(draw, max_elems, exclude, max_cost: int = 18):
     if labels is not None:
         steps.append("onehot")
     while b.cost < budget:
-        step = draw(st.sampled_from(steps))
+        usable = [s_ for s_ in steps if not (
+            (s_ == "binary_param" and not (cols + rows))
+            or (s_ == "outer" and (b.pick(("row",), prefer_recent=False, draw=False) is None
+                                   or b.pick(("col",), prefer_recent=False, draw=False) is None)))]
+        step = draw(st.sampled_from(usable))
         room = budget - b.cost
         if step in ("norm", "softmax") and room < _COST[step]:
             step = "unary"
@@ -447,10 +473,7 @@ def _region_graphs(draw, max_elems, exclude, max_cost: int = 18):
             cur = b.unary(draw(st.sampled_from(names)), src)
         elif step == "binary":
             other = b.pick(("full", "row", "col")) if draw(st.integers(0, 3)) else _const(draw)
-            if other is not None and not isinstance(other, tuple) and b.vals[other]["dtype"] != "float32" \
-                    and b.vals[src]["dtype"] == "float32":
-                pass  # mixed half/f32 promotes to f32: fine
-            cur = b.binary(draw(st.sampled_from(_BINARY)), src, other if other is not None else _const(draw))
+            cur = b.binary(draw(st.sampled_from(_BINARY)), src, other)  # half with f32 promotes to f32
         elif step == "binary_param":
             params = cols + rows
             if not params:
@@ -468,15 +491,17 @@ def _region_graphs(draw, max_elems, exclude, max_cost: int = 18):
             ma = max(b.vals[src]["mag"], b.vals[other]["mag"])
             da, db = b.vals[src]["dtype"], b.vals[other]["dtype"]
             dtype = da if (fill or da == db) else "float32"
-            dst = b.new("full", dtype, ma)
+            dst = b.new("full", dtype, ma, err=max(b.err(src), b.err(other)))
             cur = b.emit(dst, "where", draw(st.sampled_from(_COMPARE)), pred_lhs, rhs, src, other, fill)
         elif step == "fill":
-            dst = b.new(b.vals[src]["kind"], b.vals[src]["dtype"], b.vals[src]["mag"] * 0.5)
+            dst = b.new(b.vals[src]["kind"], b.vals[src]["dtype"], b.vals[src]["mag"] * 0.5,
+                        err=0.5 * b.err(src))
             cur = b.emit(dst, "full_like", src)
         elif step == "rowred":
             kind = draw(st.sampled_from(_ROWRED))
             mag = b.vals[src]["mag"] * (c if kind == "sum" else 1)
-            row = b.emit(b.new("row", "float32", mag), "rowred", kind, src, draw(st.booleans()))
+            err = b.err(src) * (c if kind == "sum" else 1)
+            row = b.emit(b.new("row", "float32", mag, err=err), "rowred", kind, src, draw(st.booleans()))
             if draw(st.booleans()):  # broadcast it back (mean-subtraction / scaling style)
                 row = b.squash_if(row)
                 full = src if b.vals[src]["dtype"] == "float32" else b.unary("to_f32", src)
@@ -485,7 +510,11 @@ def _region_graphs(draw, max_elems, exclude, max_cost: int = 18):
                 cur = row
         elif step in ("norm", "softmax"):
             mag = math.sqrt(c) + 1 if step == "norm" else 1.0
-            cur = b.emit(b.new("full", "float32", mag), step, src)
+            e, m = b.err(src), b.vals[src]["mag"]
+            # softmax: an input moved by e moves each output by a factor e^(2e); norm: relative error
+            # kept, with room for cancellation when the mean dominates
+            err = 2 * e * math.exp(2 * e) if step == "softmax" else 4 * mag * e / max(m, 1e-6)
+            cur = b.emit(b.new("full", "float32", mag, err=err), step, src)
         elif step == "outer":
             r = b.pick(("row",))
             w = b.pick(("col",))
@@ -531,9 +560,22 @@ def _region_graphs(draw, max_elems, exclude, max_cost: int = 18):
             v = b.pick(("row",), prefer_recent=False)
             if v is not None and v not in rows:
                 outputs.append(("mean", b.squash_if(v, 100.0)))
-    kinds = {k: m["kind"] for k, m in b.vals.items()}
-    fn = RegionGraph(n, c, [(nm, k, dt) for nm, k, dt, _ in inputs], b.program, outputs, kinds, b.lossy)
     specs = [jax.ShapeDtypeStruct(shape, np_dtype(dt)) for _, _, dt, shape in inputs]
+
+    def make():
+        kinds = {k: m["kind"] for k, m in b.vals.items()}
+        out_err = tuple({"colsum": n * b.err(o[1]), "argmax": 0.0}.get(o[0], b.err(o[1])) for o in outputs)
+        return RegionGraph(n, c, [(nm, k, dt) for nm, k, dt, _ in inputs], b.program, outputs, kinds,
+                           b.lossy, out_err=out_err)
+
+    fn = make()
+    if len(outputs) > 1 and count_ops(fn, specs) > MAX_OPS:  # too big: keep only the main output
+        del outputs[1:]
+        fn = make()
+    while count_ops(fn, specs) < MIN_OPS:  # too small: one more op on the first output
+        first = outputs[0]
+        outputs[0] = (first[0], b.unary("tanh", first[1])) + tuple(first[2:])
+        fn = make()
     seed = draw(st.integers(0, 2 ** 31 - 1))
     return fn, specs, seed
 

@@ -6,7 +6,8 @@ the seed changes every run (set JAXSTITCH_TEST_SEED to replay one; failures prin
 measured relative to the largest magnitude of the reference output:
 float32 <= 2e-5, bfloat16 <= 2e-2, float16 <= 5e-3, integers and bools exact, and no NaN where the
 reference has none. Each jaxstitch function runs three times on the same inputs and must give the same
-bits every time (a moving result is a race).
+bits every time (a moving result is a race). JAXSTITCH_GPU_EXAMPLES sets the number of random graphs
+(default 40) for a deeper run.
 """
 from __future__ import annotations
 
@@ -55,6 +56,11 @@ KNOWN_PLAN_BUGS = {
 }
 
 
+# Random-graph features that hit known wrong-result bugs (outputs that are reductions over size-1 axes
+# are never stored: test_size1_reduction_output_is_written). Empty this once that passes.
+KNOWN_WRONG_RESULT_FEATURES = ("unit_sum", "single_element", "single_row")
+
+
 def _msg(what, seed):
     return f"{what} (JAXSTITCH_TEST_SEED={RUN_SEED}, input seed {seed})"
 
@@ -72,7 +78,10 @@ def launcher_ready():
 # comparison
 # ----------------------------------------------------------------------------------------------------
 
-def compare(got, want, what, scale_ref=None, lossy=None):
+def compare(got, want, what, scale_ref=None, lossy=None, slack=0.0):
+    """`scale_ref`: another output whose magnitude also counts as the scale (the graph's abs variant);
+    `lossy`: the coarsest dtype a computed value was rounded to; `slack`: an absolute bound on how far
+    the output may move when such roundings are skipped (XLA's excess precision on GPUs)."""
     g, w = np.asarray(got), np.asarray(want)
     assert g.shape == w.shape, f"{what}: shape {g.shape} != {w.shape}"
     assert g.dtype == w.dtype, f"{what}: dtype {g.dtype} != {w.dtype}"
@@ -92,10 +101,10 @@ def compare(got, want, what, scale_ref=None, lossy=None):
         scale = max(scale, float(np.max(np.abs(s32[np.isfinite(s32)]), initial=0.0)))
     err = float(np.max(np.abs(g32[both] - w32[both]), initial=0.0))
     tol = TOL[coarser(np.dtype(w.dtype).name, lossy)]
-    if err > tol * max(scale, 1e-30):
+    if err > tol * max(scale, 1e-30) + 2 * slack:
         idx = np.unravel_index(np.argmax(np.where(both, np.abs(g32 - w32), -1)), w32.shape)
         pytest.fail(f"{what}: max error {err:.3g} = {err / max(scale, 1e-30):.3g} of max |ref| {scale:.3g} "
-                    f"> {tol:g}; worst at {idx}: got {g32[idx]!r}, want {w32[idx]!r}")
+                    f"> {tol:g} (+ slack {2 * slack:.3g}); worst at {idx}: got {g32[idx]!r}, want {w32[idx]!r}")
 
 
 def run_stitched(fn, args, what):
@@ -210,13 +219,38 @@ def test_explain_detects_gpu_and_counts_kernels(name, dtype):
         assert ew and not any(r.stitched for r in ew), str(report)
 
 
+def _heavy(v):
+    v = v - jnp.max(v, axis=-1, keepdims=True)
+    v = v - jnp.mean(v, axis=-1, keepdims=True)
+    return v * jax.lax.rsqrt(jnp.mean(v * v, axis=-1, keepdims=True) + 1e-5)
+
+
+def unit_sum_output(x, w):
+    return _heavy(x) * w, jnp.sum((w * 2.0)[None, :], axis=0)
+
+
+@pytest.mark.xfail(strict=True, reason="codegen never stores an output that is a reduction over size-1 "
+                   "axes of a column value (see test_pipeline_cpu.py::test_every_output_is_stored): "
+                   "garbage in output 1")
+def test_size1_reduction_output_is_written():
+    seed = RUN_SEED % (1 << 32)
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.standard_normal((4096, 1024)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal(1024), jnp.float32)
+    assert jaxstitch.explain(unit_sum_output, x, w).stitched_kernels == 1
+    want = jax.jit(unit_sum_output)(x, w)
+    _, got = run_stitched(unit_sum_output, (x, w), _msg("unit_sum_output", seed))
+    for i, (a, b) in enumerate(zip(got, want)):
+        compare(a, b, _msg(f"unit_sum_output output {i}", seed))
+
+
 # ----------------------------------------------------------------------------------------------------
 # random region graphs
 # ----------------------------------------------------------------------------------------------------
 
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=int(os.environ.get("JAXSTITCH_GPU_EXAMPLES", "40")), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
-@given(region_graphs(max_elems=1 << 20))
+@given(region_graphs(max_elems=1 << 20, exclude=KNOWN_WRONG_RESULT_FEATURES))
 def test_random_graphs_match_xla(example):
     """Random graphs with every plannable region stitched (most are small one-pass regions the cost
     model would leave to XLA, which would test nothing of ours)."""
@@ -231,4 +265,4 @@ def test_random_graphs_match_xla(example):
     lw, lg, ls = jax.tree.leaves(want), jax.tree.leaves(got), jax.tree.leaves(scale)
     assert len(lw) == len(lg)
     for i, (a, b, s) in enumerate(zip(lg, lw, ls)):
-        compare(a, b, f"{what} output {i}", scale_ref=s, lossy=fn.lossy_dtype)
+        compare(a, b, f"{what} output {i}", scale_ref=s, lossy=fn.lossy_dtype, slack=fn.out_err[i])

@@ -6,12 +6,14 @@ so every kernel the planner wants is really compiled.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import jax
@@ -23,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 import jaxstitch
 from jaxstitch import config, pipeline
 from jaxstitch.kernels import cache, nvrtc
-from jaxstitch.workloads import WORKLOADS, fig7_chain, layernorm_fwdbwd, softmax_fwdbwd, xent_fwdbwd
+from jaxstitch.workloads import WORKLOADS, layernorm_fwdbwd, softmax_fwdbwd, xent_fwdbwd
 from strategies import force_stitching, random_inputs, region_graphs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -91,6 +93,31 @@ def assert_trees_close(actual, expected, what=""):
 
 def known_bug(reason):
     return pytest.mark.xfail(strict=True, reason=reason)
+
+
+_KERNEL_SIG = re.compile(r"jaxstitch_kernel\(([^)]*)\)\s*\{")
+
+
+def unwritten_outputs(source: str) -> list[str]:
+    """The `out<j>` kernel parameters that the kernel body never stores to."""
+    m = _KERNEL_SIG.search(source)
+    assert m, "no jaxstitch_kernel signature in the source"
+    outs = re.findall(r"\b(out\d+)\b", m.group(1))
+    body = source[m.end():]
+    return [o for o in outs if not re.search(rf"\b{o}\s*(\[|\+)", body)]
+
+
+@contextlib.contextmanager
+def dump_dir_env(path):
+    old = os.environ.get("JAXSTITCH_DUMP_DIR")
+    os.environ["JAXSTITCH_DUMP_DIR"] = str(path)
+    try:
+        yield path
+    finally:
+        if old is None:
+            os.environ.pop("JAXSTITCH_DUMP_DIR", None)
+        else:
+            os.environ["JAXSTITCH_DUMP_DIR"] = old
 
 
 def _deps(graph):
@@ -198,6 +225,7 @@ def test_no_region_spans_a_dot():
             f"{sorted(idx & after)} fed by it: a cycle")
 
 
+@needs_nvrtc
 def test_cycle_schedule_runs():
     specs = (S((2048, 512), jnp.float32), S((512, 512), jnp.float32))
     report = explain(cycle_fn, *specs)
@@ -212,11 +240,6 @@ def test_cycle_schedule_runs():
 # ----------------------------------------------------------------------------------------------------
 
 # Known package bugs that keep a workload from its expected plan at the quick shape (see the report).
-N_EQ_C_PARAM = (
-    "layout._input_hints only reads broadcasts that produce an [N, C]-sized value; jnp broadcasts a [C] "
-    "param through [1, C] first, so with N == C (quick shape 1024x1024) the param gets no hint and the "
-    "region is declined: 'shape (1024,) is ambiguous between row and col'. Minimal: "
-    "explain(lambda x, w: x * w, f32[64,64], f32[64], target='h100')")
 XENT_SPILLS = (
     "xent_fwdbwd at 256x32000: the block-per-row kernel keeps 32 elements per thread and live array in "
     "registers and spills (~4-9 KB), so pipeline.compile_region declines it ('rows this long need task "
@@ -318,12 +341,15 @@ def test_codegen_compiles_random_graphs(example):
 def test_every_planned_kernel_compiles(example):
     """Also the kernels the cost model declines: codegen must handle every plan it is given."""
     fn, specs, _ = example
-    with force_stitching():
+    with tempfile.TemporaryDirectory() as d, dump_dir_env(d), force_stitching():
         report = explain(fn, *specs)
+        sources = {f: open(os.path.join(d, f)).read() for f in os.listdir(d) if f.endswith(".cu")}
     _check_report_regions(report)
     for r in report.regions:
         if r.mapping is not None:  # it had a kernel plan, so it was compiled
             assert r.stitched or "spills" in (r.reason or ""), str(report)
+    for name, src in sources.items():
+        assert not unwritten_outputs(src), f"{name}: outputs {unwritten_outputs(src)} never stored\n{report}"
 
 
 def _bcast_output(x, w):
@@ -358,6 +384,32 @@ def test_codegen_known_patterns_compile(fn):
     report = explain(fn, S((4096, 1024), jnp.float32), S((1024,), jnp.float32))
     _check_report_regions(report)
     assert report.stitched_kernels == 1, str(report)
+
+
+def unit_sum_output(x, w):
+    """The second output is a reduction over a size-1 axis of a column value (vjp code makes these)."""
+    return _heavy(x) * w, jnp.sum((w * 2.0)[None, :], axis=0)
+
+
+@needs_nvrtc
+@known_bug("codegen.render never stores a region output that is a reduction over size-1 axes only "
+           "(ops.is_layout: an alias) of a COL or SCALAR value: store_output runs for it only in the row "
+           "loop (in_body=True), where COL/SCALAR outputs are skipped. The kernel leaves that output "
+           "buffer uninitialised: garbage on the GPU. Minimal: outputs (x*w, jnp.sum((w*2)[None, :], 0)) "
+           "with any row reduction on x at 4096x1024 (stitched by the cost model); also "
+           "(tanh(x+x), jnp.sum(x, 0)) at [1, 1] with stitching forced, found on the H200 as NaN")
+def test_every_output_is_stored(tmp_path):
+    with dump_dir_env(tmp_path):
+        report = explain(unit_sum_output, S((4096, 1024), jnp.float32), S((1024,), jnp.float32))
+    assert report.stitched_kernels == 1, str(report)
+    for f in sorted(tmp_path.glob("region*.cu")):
+        assert not unwritten_outputs(f.read_text()), f"{f.name}: never stores {unwritten_outputs(f.read_text())}"
+
+
+def test_unwritten_outputs_helper():
+    src = ("extern \"C\" __global__ void jaxstitch_kernel(const float* in0, float* out0, float* out1) {\n"
+           "  out0[0] = 1.0f; js_store<float, 4>(out2 + row, t);\n}")
+    assert unwritten_outputs(src) == ["out1"]
 
 
 @needs_nvrtc
