@@ -4,7 +4,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Any
 
 from . import partition as partition_mod, trace as trace_mod
 from .config import Config
@@ -26,6 +25,7 @@ class Compiled:
     key: str | None
     cubin: bytes | None = dataclasses.field(repr=False)
     error: str | None
+    spilled: bool = False
 
     @property
     def stitched(self) -> bool:
@@ -52,7 +52,7 @@ def compile_region(region, target: Target, cfg: Config) -> Compiled:
         if compiled is not None and (plan.kernel is None or plan.kernel.mapping == compiled.plan.kernel.mapping):
             break  # no other mapping to try: keep the spill as the reason
         compiled = _compile_plan(plan, target, cfg)
-        if compiled.stitched or compiled.cubin is not None or "spills" not in (compiled.error or ""):
+        if not compiled.spilled:
             break
     return compiled
 
@@ -73,7 +73,7 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config) -> Compiled:
         why = (f"the kernel spills {res.spill_bytes} bytes of registers ({res.registers} used): rows this "
                "long need task splitting over blocks (not implemented yet)")
         log.info("region %d falls back to XLA: %s", plan.region.id, why)
-        return Compiled(plan, source.code, key, None, why)
+        return Compiled(plan, source.code, key, None, why, spilled=True)
     return Compiled(plan, source.code, key, cubin, None)
 
 

@@ -56,7 +56,6 @@ class _Kernel:
         # Rematerialization: a full-size value is kept in registers only within the phase that made
         # it; a later phase recomputes it from the loaded inputs, so the registers held across the
         # row reductions are just the inputs' (memory-bound kernels have ALU to spare).
-        self.values = {p.value.id: p.value for p in plan.layout.values}
         self.phase: int | None = None
         self.writer: _Writer | None = None
         self.def_op: dict[int, ir.Op] = {}
@@ -107,13 +106,13 @@ class _Kernel:
             name = f"v{out.id}"
             if self.phase is not None and self.is_array(out):
                 self.def_op[out.id], self.def_phase[out.id] = op, self.phase
+        expr = EXPR[op.prim](op, [self.ref(a) for a in op.inputs])
         if self.is_array(out):
-            args = [self.ref(a) for a in op.inputs]
             w(f"{self.ctype(out)} {name}[E];")
             w("#pragma unroll")
-            w(f"for (int e = 0; e < E; ++e) {name}[e] = {EXPR[op.prim](op, args)};")
+            w(f"for (int e = 0; e < E; ++e) {name}[e] = {expr};")
         else:
-            w(f"const {self.ctype(out)} {name} = {EXPR[op.prim](op, [self.ref(a) for a in op.inputs])};")
+            w(f"const {self.ctype(out)} {name} = {expr};")
 
     def iota(self, w: _Writer, op: ir.Op):
         out = op.outputs[0]

@@ -14,7 +14,6 @@ from .. import ir, ops as opdefs
 from ..partition import Region
 
 SCALAR, ROW, COL, FULL = "scalar", "row", "col", "full"
-_JOIN = {frozenset({SCALAR}): SCALAR, frozenset({ROW}): ROW, frozenset({COL}): COL}
 EPILOGUE = -1  # level of values that exist only after the grid-wide reduction
 
 

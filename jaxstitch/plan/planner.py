@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import ir, ops as opdefs
+from .. import ops as opdefs
 from ..partition import Region
 from ..targets import Target
 from . import cost, mapping as mapping_mod
-from .layout import COL, EPILOGUE, FULL, ROW, SCALAR, Layout, Unplannable, place
+from .layout import COL, FULL, Layout, Unplannable, place
 from .mapping import Mapping
 
 BARRIER_BYTES = 16  # the grid barrier's counter at the head of the workspace
