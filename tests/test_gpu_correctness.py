@@ -56,9 +56,9 @@ KNOWN_PLAN_BUGS = {
 }
 
 
-# Random-graph features that hit known wrong-result bugs (outputs that are reductions over size-1 axes
-# are never stored: test_size1_reduction_output_is_written). Empty this once that passes.
-KNOWN_WRONG_RESULT_FEATURES = ("unit_sum", "single_element", "single_row")
+# Random-graph features that hit known wrong-result bugs (none today; outputs that are reductions over
+# size-1 axes were once never stored: test_size1_reduction_output_is_written).
+KNOWN_WRONG_RESULT_FEATURES = ()
 
 
 def _msg(what, seed):
@@ -229,9 +229,6 @@ def unit_sum_output(x, w):
     return _heavy(x) * w, jnp.sum((w * 2.0)[None, :], axis=0)
 
 
-@pytest.mark.xfail(strict=True, reason="codegen never stores an output that is a reduction over size-1 "
-                   "axes of a column value (see test_pipeline_cpu.py::test_every_output_is_stored): "
-                   "garbage in output 1")
 def test_size1_reduction_output_is_written():
     seed = RUN_SEED % (1 << 32)
     rng = np.random.default_rng(seed)

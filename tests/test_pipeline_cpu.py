@@ -37,9 +37,9 @@ S = jax.ShapeDtypeStruct
 # fig7_chain is absent on purpose: XLA runs it as one kernel, so the planner leaves it to XLA.
 ONE_KERNEL = ("layernorm_fwdbwd", "softmax_fwdbwd", "xent_fwdbwd", "rmsnorm_residual_fwdbwd")
 
-# Features of the random graphs that hit known codegen bugs (see the xfail tests in "codegen" below):
-# the codegen property tests leave them out until those are fixed. Empty this when they pass.
-KNOWN_CODEGEN_BUG_FEATURES = ("bcast", "unit_sum", "single_element", "single_row")
+# Features of the random graphs that hit known codegen bugs: the codegen property tests leave them out
+# until those are fixed (none today).
+KNOWN_CODEGEN_BUG_FEATURES = ()
 
 HYPOTHESIS = dict(max_examples=25, deadline=None,
                   suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
@@ -369,16 +369,10 @@ def _unit_sum(x, w):
 
 @needs_nvrtc
 @pytest.mark.parametrize("fn", [
-    pytest.param(_bcast_output, marks=known_bug(
-        "codegen.render: an output declared FULL whose storage is COL (a column value broadcast to [N, C], "
-        "here jnp.broadcast_to(w * 2, x.shape)) is computed in the prologue, and store_output writes it "
-        "there with `row_ok` / `row`, which exist only inside the row loop: NVRTC 'identifier \"row_ok\" "
-        "is undefined', region silently falls back to XLA"), id="broadcast_column_output"),
-    pytest.param(_unit_sum, marks=known_bug(
-        "codegen.render: a reduction over a size-1 axis (is_layout, 'trivial') of a COL/SCALAR value is "
-        "put in body_ops, so its alias is registered only in the row loop, but its elementwise consumers "
-        "are emitted in the prologue and name the undefined `v<id>`: NVRTC 'identifier \"v3\" is "
-        "undefined' (also any softmax on a [1, 1] array)"), id="unit_axis_sum_of_column"),
+    # A column value broadcast to [N, C] as an output: made before the row loop, stored in it.
+    pytest.param(_bcast_output, id="broadcast_column_output"),
+    # A reduction over a size-1 axis of a column value: an alias, made before the row loop.
+    pytest.param(_unit_sum, id="unit_axis_sum_of_column"),
 ])
 def test_codegen_known_patterns_compile(fn):
     report = explain(fn, S((4096, 1024), jnp.float32), S((1024,), jnp.float32))
@@ -392,12 +386,6 @@ def unit_sum_output(x, w):
 
 
 @needs_nvrtc
-@known_bug("codegen.render never stores a region output that is a reduction over size-1 axes only "
-           "(ops.is_layout: an alias) of a COL or SCALAR value: store_output runs for it only in the row "
-           "loop (in_body=True), where COL/SCALAR outputs are skipped. The kernel leaves that output "
-           "buffer uninitialised: garbage on the GPU. Minimal: outputs (x*w, jnp.sum((w*2)[None, :], 0)) "
-           "with any row reduction on x at 4096x1024 (stitched by the cost model); also "
-           "(tanh(x+x), jnp.sum(x, 0)) at [1, 1] with stitching forced, found on the H200 as NaN")
 def test_every_output_is_stored(tmp_path):
     with dump_dir_env(tmp_path):
         report = explain(unit_sum_output, S((4096, 1024), jnp.float32), S((1024,), jnp.float32))
@@ -413,10 +401,6 @@ def test_unwritten_outputs_helper():
 
 
 @needs_nvrtc
-@known_bug("codegen.render on a [1, 1] region: x - max(x, -1, keepdims=True) reduces over size-1 axes "
-           "only (trivial -> alias), every value is SCALAR and emitted in the prologue before the alias "
-           "exists: NVRTC 'identifier \"v1\" is undefined' (hidden today because the cost model declines "
-           "1x1 regions; forced here)")
 def test_single_element_kernel_compiles():
     with force_stitching():
         report = explain(lambda x: x - jnp.max(x, axis=-1, keepdims=True), S((1, 1), jnp.float32))

@@ -161,21 +161,23 @@ class _Kernel:
         w("  }")
         w("}")
 
-    def store_output(self, w: _Writer, v: ir.Value, in_body: bool):
+    def store_output(self, w: _Writer, v: ir.Value, where: str):
+        """Store `v` if it is a region output, once, where its value exists: per-row kinds in the row
+        loop ("body"), column and scalar kinds made before the loop by block 0 ("prologue")."""
         for j, o in enumerate(self.outputs):
             if o.id != v.id:
                 continue
             p = self.placed(o)
             st = STYPE[o.dtype]
-            if p.declared == FULL:
+            if where == "body" and p.declared == FULL:
                 self.store_array(w, o, j, "row_ok && ", "row * N_COLS + ")
-            elif p.declared == ROW:
+            elif where == "body" and p.declared == ROW:
                 w(f"if (row_ok && lane == 0) out{j}[row] = js_io<{st}>::put({self.ref(o, '0')});")
-            elif p.declared == COL and not in_body:
+            elif where == "prologue" and p.declared == COL:
                 w("if (blockIdx.x == 0 && row_in_block == 0) {")
                 self.store_array(w, o, j, "", "")
                 w("}")
-            elif p.declared == SCALAR and not in_body:
+            elif where == "prologue" and p.declared == SCALAR:
                 w(f"if (blockIdx.x == 0 && tid == 0) out{j}[0] = js_io<{st}>::put({self.ref(o, '0')});")
 
     # ---- reductions -------------------------------------------------------------------------------
@@ -277,15 +279,19 @@ def render(plan: KernelPlan) -> Source:
         elif p.storage == COL:
             k.load_array(pro, v, f"in{i}", per_row=False)
     body_ops, epi_ops = [], []
+    early = [v for v in region.inputs]  # values that exist before the row loop (or at its start)
     for op in region.ops:
         p = layout.of(op.outputs[0])
         if p.level == EPILOGUE:
             epi_ops.append(op)
-        elif p.storage in (SCALAR, COL) and op.prim not in opdefs.REDUCTIONS:
+        elif p.storage in (SCALAR, COL) and (op.prim not in opdefs.REDUCTIONS or opdefs.is_layout(op)):
             k.emit_op(pro, op)
-            k.store_output(pro, op.outputs[0], in_body=False)
+            early.append(op.outputs[0])
         else:
             body_ops.append(op)
+    for v in early:
+        if layout.of(v).storage in (SCALAR, COL):
+            k.store_output(pro, v, "prologue")
     for op in grid_ops:
         out = op.outputs[0]
         ident = REDUCE[op.prim][1]["float"]
@@ -302,8 +308,8 @@ def render(plan: KernelPlan) -> Source:
             body(f"const {k.ctype(v)} v{v.id} = row_ok ? js_io<{STYPE[v.dtype]}>::get(in{i}[row]) : ({k.ctype(v)})0;")
         elif p.storage == FULL:
             k.load_array(body, v, f"in{i} + row * N_COLS", per_row=True)
-    for v in region.inputs:
-        k.store_output(body, v, in_body=True)
+    for v in early:
+        k.store_output(body, v, "body")
     n_levels = max([level[o.outputs[0].id] for o in body_ops] + [0])
     k.writer = body
     for lv in range(n_levels + 1):
@@ -315,7 +321,7 @@ def render(plan: KernelPlan) -> Source:
         k.row_reductions(body, [op for op in body_ops if _is_row_reduction(op) and level[op.inputs[0].id] == lv])
         for op in body_ops:
             if _defined_at(op, level) == lv:
-                k.store_output(body, op.outputs[0], in_body=True)
+                k.store_output(body, op.outputs[0], "body")
         for op in grid_ops:
             if level[op.inputs[0].id] == lv:
                 k.grid_accumulate(body, op)
