@@ -59,6 +59,15 @@ __device__ __forceinline__ void js_load(const S* __restrict__ p, C* out) {
   for (int i = 0; i < V; ++i) out[i] = js_io<S>::get(x.v[i]);
 }
 
+// As js_load, and keeps a copy of the raw vector in `stash` (shared memory) for later phases.
+template <typename S, int V, typename C>
+__device__ __forceinline__ void js_load_stash(const S* __restrict__ p, S* __restrict__ stash, C* out) {
+  js_vec<S, V> x = *reinterpret_cast<const js_vec<S, V>*>(p);
+  *reinterpret_cast<js_vec<S, V>*>(stash) = x;
+#pragma unroll
+  for (int i = 0; i < V; ++i) out[i] = js_io<S>::get(x.v[i]);
+}
+
 template <typename S, int V, typename C>
 __device__ __forceinline__ void js_store(S* __restrict__ p, const C* in) {
   js_vec<S, V> x;

@@ -1,6 +1,6 @@
 // One stitched region: ${summary}
 // Rows are walked by groups of TPR threads (grid-stride over row groups); each thread keeps its
-// E = VPT * V elements of a row in registers across every reduction of the row.
+// E = VPT * V elements of a row (of each of CHUNKS chunks of it) in registers.
 ${common}
 
 #define N_ROWS ${n_rows}LL
@@ -8,6 +8,7 @@ ${common}
 #define V ${vec}
 #define TPR ${tpr}
 #define VPT ${vpt}
+#define CHUNKS ${chunks}
 #define E (VPT * V)
 #define RPB ${rows_per_block}
 #define BLOCK ${block}

@@ -12,7 +12,7 @@ from .pipeline import Compiled, Program
 
 def _launch(c: Compiled, poison: bool) -> Launch:
     m = c.plan.kernel.mapping
-    return Launch(c.key, c.cubin, KERNEL_NAME, m.grid, m.block, 0, m.cooperative,
+    return Launch(c.key, c.cubin, KERNEL_NAME, m.grid, m.block, m.smem_bytes, m.cooperative,
                   c.plan.kernel.workspace_bytes, poison)
 
 

@@ -12,6 +12,8 @@ class Target:
     max_threads_per_sm: int
     regs_per_sm: int
     smem_per_block: int       # bytes without opting in
+    smem_optin: int           # bytes one block may have after opting in
+    smem_per_sm: int          # bytes the blocks resident on one SM share
     bandwidth_gbs: float      # achievable read+write HBM bandwidth of a plain elementwise kernel
     launch_us: float          # one kernel inside an XLA command buffer
     grid_sync_us: float       # one grid-wide barrier
@@ -19,9 +21,9 @@ class Target:
 
 # Bandwidths are what a plain elementwise kernel reached on our machines (DESIGN.md), not datasheets.
 TARGETS = {
-    "h100": Target("h100", "sm_90", 132, 2048, 65536, 48 * 1024, 3000.0, 2.7, 2.5),
-    "h200": Target("h200", "sm_90", 132, 2048, 65536, 48 * 1024, 4000.0, 2.7, 2.5),
-    "a100": Target("a100", "sm_80", 108, 2048, 65536, 48 * 1024, 1700.0, 3.0, 3.0),
+    "h100": Target("h100", "sm_90", 132, 2048, 65536, 48 * 1024, 227 * 1024, 228 * 1024, 3000.0, 2.7, 2.5),
+    "h200": Target("h200", "sm_90", 132, 2048, 65536, 48 * 1024, 227 * 1024, 228 * 1024, 4000.0, 2.7, 2.5),
+    "a100": Target("a100", "sm_80", 108, 2048, 65536, 48 * 1024, 163 * 1024, 164 * 1024, 1700.0, 3.0, 3.0),
 }
 
 

@@ -51,9 +51,7 @@ ODD_SHAPES = {
 # still keep some from it (strict xfails: they fail loudly once fixed, then drop the entry).
 # fig7_chain is absent on purpose: XLA runs it as one kernel, so the planner leaves it to XLA.
 ONE_KERNEL = ("layernorm_fwdbwd", "softmax_fwdbwd", "xent_fwdbwd", "rmsnorm_residual_fwdbwd")
-KNOWN_PLAN_BUGS = {
-    "xent_fwdbwd": "256x32000 block-per-row kernel spills registers: declined, needs task splitting",
-}
+KNOWN_PLAN_BUGS: dict[str, str] = {}
 
 
 # Random-graph features that hit known wrong-result bugs (none today; outputs that are reductions over
@@ -190,6 +188,25 @@ def test_workload_forced_stitching_matches_xla(name, dtype):
     """Every plannable region stitched, also those the cost model leaves to XLA."""
     with force_stitching():
         check_workload(name, dtype, tuple(WORKLOADS[name].quick_shape), forced=True)
+
+
+# Rows longer than a block holds in registers: walked in chunks, inputs stashed in shared memory between
+# phases, or (when the row does not fit there either) read again from global memory.
+LONG_ROWS = [
+    ("softmax_fwdbwd", "bfloat16", (61, 20000), "shared"),
+    ("softmax_fwdbwd", "float32", (37, 60001), "global"),
+    ("layernorm_fwd", "float32", (45, 30000), "shared"),
+    ("xent_fwdbwd", "float32", (67, 50000), "global"),
+    ("xent_fwdbwd", "bfloat16", (300, 32000), "shared"),
+]
+
+
+@pytest.mark.parametrize("name,dtype,shape,stash", LONG_ROWS, ids=[f"{n}-{d}-{s[0]}x{s[1]}" for n, d, s, _ in LONG_ROWS])
+def test_long_rows_match_xla(name, dtype, shape, stash):
+    with force_stitching():
+        report = check_workload(name, dtype, shape, forced=True)
+    chunked = [r for r in report.regions if r.stitched and "chunks" in (r.mapping or "")]
+    assert chunked and all(f"{stash} stash" in r.mapping for r in chunked), str(report)
 
 
 def _count_params():

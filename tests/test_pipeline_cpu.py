@@ -239,14 +239,8 @@ def test_cycle_schedule_runs():
 # plan: every workload, both dtypes, two targets
 # ----------------------------------------------------------------------------------------------------
 
-# Known package bugs that keep a workload from its expected plan at the quick shape (see the report).
-XENT_SPILLS = (
-    "xent_fwdbwd at 256x32000: the block-per-row kernel keeps 32 elements per thread and live array in "
-    "registers and spills (~4-9 KB), so pipeline.compile_region declines it ('rows this long need task "
-    "splitting over blocks (not implemented yet)'): 0 stitched kernels instead of 1")
-KNOWN_PLAN_BUGS = {
-    "xent_fwdbwd": XENT_SPILLS,
-}
+# Known package bugs that keep a workload from its expected plan at the quick shape (none today).
+KNOWN_PLAN_BUGS: dict[str, str] = {}
 
 
 def _plan_params():
@@ -297,7 +291,8 @@ def test_bias_gelu_declined_because_xla_fuses_it(dtype):
 @pytest.mark.parametrize("c,n,pattern", [
     (16, 4096, r"\d+ rows per warp"),
     (1024, 2048, r"(\d+ )?warps? per row|block per row"),
-    (32000, 64, r"block per row"),
+    (8192, 64, r"block per row"),
+    (32000, 64, r"block per row, \d+ chunks, (shared|global) stash"),
 ])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_mapping_by_row_length(c, n, pattern, dtype):
@@ -310,6 +305,39 @@ def test_mapping_by_row_length(c, n, pattern, dtype):
     assert (r.rows, r.cols) == (n, c)
     assert r.block and r.block % 32 == 0 and r.block <= 1024
     assert r.grid and r.grid >= 1
+
+
+def _xent_specs(n, v, dtype):
+    return S((n, v), dtype), S((n,), jnp.int32)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("fn,specs,stash", [
+    (softmax_fwdbwd, (S((64, 32000), jnp.bfloat16),) * 2, "shared"),   # 2 x 64 KB rows: shared memory
+    (softmax_fwdbwd, (S((64, 32000), jnp.float32),) * 2, "global"),    # 2 x 128 KB: more than a block gets
+    (WORKLOADS["xent_fwdbwd"].fn, _xent_specs(256, 32000, jnp.float32), "shared"),
+    (WORKLOADS["xent_fwdbwd"].fn, _xent_specs(64, 100000, jnp.bfloat16), "global"),
+    (WORKLOADS["layernorm_fwd"].fn, (S((64, 30000), jnp.float32), S((30000,), jnp.float32),
+                                     S((30000,), jnp.float32)), "shared"),
+], ids=["softmax-bf16", "softmax-f32", "xent-f32", "xent-bf16-100k", "layernorm-fwd"])
+def test_long_rows_are_chunked(fn, specs, stash):
+    """Rows longer than a block holds in registers are walked in chunks, one kernel, no spills (a
+    spilling kernel would be declined); the stash is shared memory when the row fits there."""
+    with force_stitching():
+        report = explain(fn, *specs)
+    assert report.stitched_kernels == 1, str(report)
+    r = next(r for r in report.regions if r.stitched)
+    assert re.fullmatch(rf"block per row, \d+ chunks, {stash} stash", r.mapping), str(report)
+
+
+def test_long_rows_with_column_reductions_are_declined():
+    """A layernorm backward over rows too long for registers would need per-thread column partials for
+    every chunk: declined with the reason, left to XLA."""
+    n, c = 64, 40000
+    specs = (S((n, c), jnp.float32), S((c,), jnp.float32), S((c,), jnp.float32), S((n, c), jnp.float32))
+    with force_stitching():
+        report = explain(WORKLOADS["layernorm_fwdbwd"].fn, *specs)
+    assert any("column reductions over rows" in (r.reason or "") for r in report.regions), str(report)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from importlib import resources
 
 from .. import ir, ops as opdefs
 from ..plan import KernelPlan
-from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR
+from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR, Unplannable
 from .cuda_ops import ARG_REDUCE, CTYPE, EXPR, REDUCE, STYPE, literal
 
 KERNEL_NAME = "jaxstitch_kernel"
@@ -22,6 +22,11 @@ KERNEL_NAME = "jaxstitch_kernel"
 @functools.lru_cache(maxsize=None)
 def template(name: str) -> str:
     return resources.files("jaxstitch.csrc_templates").joinpath(name).read_text()
+
+
+def col_index(e: str) -> str:
+    """The column of this thread's element slot `e` in chunk `ch` (vectors of V, TPR threads a row)."""
+    return f"(((ch * VPT + ({e}) / V) * TPR + lane) * V + ({e}) % V)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +56,8 @@ class _Kernel:
         self.alias: dict[int, int] = {}
         self.inputs = {v.id: i for i, v in enumerate(plan.region.inputs)}
         self.outputs = list(plan.region.outputs)
-        self.exact_cols = self.m.n_cols % (self.m.tpr * self.m.vec) == 0
+        self.exact_cols = self.m.chunks * self.m.vpt * self.m.tpr * self.m.vec == self.m.n_cols
+        self.chunked = self.m.chunks > 1
         self.n_row_red = 0
         # Rematerialization: a full-size value is kept in registers only within the phase that made
         # it; a later phase recomputes it from the loaded inputs, so the registers held across the
@@ -87,9 +93,16 @@ class _Kernel:
         key = (root, self.phase)
         if key not in self.copies:
             name = f"v{root}_p{self.phase}"
-            self.elementwise(self.writer, self.def_op[root], name)
+            op = self.def_op[root]
+            (self.iota if op.prim == "iota" else self.elementwise)(self.writer, op, name)
             self.copies[key] = name
         return self.copies[key]
+
+    def remember(self, op: ir.Op):
+        """An array made in this phase: later phases recompute it (see rematerialize)."""
+        out = op.outputs[0]
+        if self.phase is not None and self.is_array(out):
+            self.def_op[out.id], self.def_phase[out.id] = op, self.phase
 
     def ctype(self, v: ir.Value) -> str:
         return CTYPE[v.dtype]
@@ -97,15 +110,14 @@ class _Kernel:
     def col_ok(self, e: str = "e") -> str:
         if self.exact_cols:
             return "true"
-        return f"((({e}) / V * TPR + lane) * V + ({e}) % V < N_COLS)"
+        return f"({col_index(e)} < N_COLS)"
 
     # ---- ops --------------------------------------------------------------------------------------
     def elementwise(self, w: _Writer, op: ir.Op, name: str | None = None):
         out = op.outputs[0]
         if name is None:
             name = f"v{out.id}"
-            if self.phase is not None and self.is_array(out):
-                self.def_op[out.id], self.def_phase[out.id] = op, self.phase
+            self.remember(op)
         expr = EXPR[op.prim](op, [self.ref(a) for a in op.inputs])
         if self.is_array(out):
             w(f"{self.ctype(out)} {name}[E];")
@@ -114,17 +126,20 @@ class _Kernel:
         else:
             w(f"const {self.ctype(out)} {name} = {expr};")
 
-    def iota(self, w: _Writer, op: ir.Op):
+    def iota(self, w: _Writer, op: ir.Op, name: str | None = None):
         out = op.outputs[0]
+        if name is None:
+            name = f"v{out.id}"
+            self.remember(op)
         stride, size = self.placed(out).iota
         if self.placed(out).storage == ROW:
-            w(f"const int v{out.id} = (int)((row / {stride}) % {size});")
+            w(f"const int {name} = (int)((row / {stride}) % {size});")
         elif self.placed(out).storage == COL:
-            w(f"int v{out.id}[E];")
+            w(f"int {name}[E];")
             w("#pragma unroll")
-            w(f"for (int e = 0; e < E; ++e) v{out.id}[e] = (((e / V) * TPR + lane) * V + e % V) / {stride} % {size};")
+            w(f"for (int e = 0; e < E; ++e) {name}[e] = {col_index('e')} / {stride} % {size};")
         else:
-            w(f"const int v{out.id} = 0;")
+            w(f"const int {name} = 0;")
 
     def emit_op(self, w: _Writer, op: ir.Op):
         if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Const):
@@ -138,14 +153,24 @@ class _Kernel:
             self.elementwise(w, op)
 
     # ---- memory -----------------------------------------------------------------------------------
-    def load_array(self, w: _Writer, v: ir.Value, ptr: str, per_row: bool):
-        """E elements of `v` owned by this thread: of the current row, or of the column vector."""
+    def load_array(self, w: _Writer, v: ir.Value, ptr: str, per_row: bool, stash: str | None = None,
+                   from_stash: bool = False):
+        """E elements of `v` owned by this thread (of the current chunk): of the current row, or of the
+        column vector. `stash` names this input's shared-memory stash: the first phase copies the
+        loaded vectors there, later phases read them back (each thread only its own slots)."""
         ct, st = self.ctype(v), STYPE[v.dtype]
+        slot = f"{stash} + ((ch * VPT + k) * BLOCK + tid) * V"
         w(f"{ct} v{v.id}[E];")
         w("#pragma unroll")
         w("for (int k = 0; k < VPT; ++k) {")
-        w("  const int col0 = (k * TPR + lane) * V;")
-        w(f"  if ({'row_ok && ' if per_row else ''}col0 < N_COLS) js_load<{st}, V>({ptr} + col0, &v{v.id}[k * V]);")
+        w("  const int col0 = ((ch * VPT + k) * TPR + lane) * V;")
+        guard = f"{'row_ok && ' if per_row else ''}col0 < N_COLS"
+        if stash is None:
+            w(f"  if ({guard}) js_load<{st}, V>({ptr} + col0, &v{v.id}[k * V]);")
+        elif from_stash:
+            w(f"  if ({guard}) js_load<{st}, V>({slot}, &v{v.id}[k * V]);")
+        else:
+            w(f"  if ({guard}) js_load_stash<{st}, V>({ptr} + col0, {slot}, &v{v.id}[k * V]);")
         w(f"  else for (int i = 0; i < V; ++i) v{v.id}[k * V + i] = ({ct})0;")
         w("}")
 
@@ -153,7 +178,7 @@ class _Kernel:
         st = STYPE[v.dtype]
         w("#pragma unroll")
         w("for (int k = 0; k < VPT; ++k) {")
-        w("  const int col0 = (k * TPR + lane) * V;")
+        w("  const int col0 = ((ch * VPT + k) * TPR + lane) * V;")
         w(f"  if ({guard}col0 < N_COLS) {{")
         w(f"    {self.ctype(v)} t[V];")
         w("    for (int i = 0; i < V; ++i) { const int e = k * V + i; t[i] = " + self.ref(v) + "; }")
@@ -162,49 +187,63 @@ class _Kernel:
         w("}")
 
     def store_output(self, w: _Writer, v: ir.Value, where: str):
-        """Store `v` if it is a region output, once, where its value exists: per-row kinds in the row
-        loop ("body"), column and scalar kinds made before the loop by block 0 ("prologue")."""
+        """Store `v` if it is a region output, once, where its value exists: full values per chunk of
+        the row ("chunk"), row values per row ("row"), column and scalar values before the row loop by
+        block 0 ("prologue"; column values of a chunked row are made per chunk, so block 0 stores
+        them in its first row's chunks)."""
         for j, o in enumerate(self.outputs):
             if o.id != v.id:
                 continue
             p = self.placed(o)
             st = STYPE[o.dtype]
-            if where == "body" and p.declared == FULL:
+            if where == "chunk" and p.declared == FULL:
                 self.store_array(w, o, j, "row_ok && ", "row * N_COLS + ")
-            elif where == "body" and p.declared == ROW:
+            elif where == "row" and p.declared == ROW:
                 w(f"if (row_ok && lane == 0) out{j}[row] = js_io<{st}>::put({self.ref(o, '0')});")
-            elif where == "prologue" and p.declared == COL:
-                w("if (blockIdx.x == 0 && row_in_block == 0) {")
+            elif p.declared == COL and (where, self.chunked and p.storage == COL) in (("prologue", False), ("chunk", True)):
+                w(f"if (blockIdx.x == 0 && {'base == 0 && ' if where == 'chunk' else ''}row_in_block == 0) {{")
                 self.store_array(w, o, j, "", "")
                 w("}")
             elif where == "prologue" and p.declared == SCALAR:
                 w(f"if (blockIdx.x == 0 && tid == 0) out{j}[0] = js_io<{st}>::put({self.ref(o, '0')});")
 
     # ---- reductions -------------------------------------------------------------------------------
-    def row_reductions(self, w: _Writer, ops: list[ir.Op]):
-        """Partial per thread, then one all-reduce round for the whole batch (one barrier pair)."""
+    def reduce_init(self, w: _Writer, ops: list[ir.Op]):
+        """Per-thread partials of the row reductions finishing in this phase."""
+        for op in ops:
+            o = op.outputs[0]
+            if op.prim in ARG_REDUCE:
+                kind = "reduce_max" if ARG_REDUCE[op.prim] == "true" else "reduce_min"
+                w(f"float p{o.id} = {REDUCE[kind][1]['float']}; int q{o.id} = 0x7fffffff;")
+            else:
+                w(f"{self.ctype(o)} p{o.id} = {REDUCE[op.prim][1][self.ctype(o)]};")
+
+    def reduce_accumulate(self, w: _Writer, ops: list[ir.Op]):
+        """Fold this thread's elements (of the current chunk) into its partials."""
+        for op in ops:
+            src, o = op.inputs[0], op.outputs[0]
+            w("#pragma unroll")
+            if op.prim in ARG_REDUCE:
+                w(f"for (int e = 0; e < E; ++e) if ({self.col_ok()}) js_arg_combine<{ARG_REDUCE[op.prim]}>"
+                  f"(p{o.id}, q{o.id}, (float){self.ref(src)}, {col_index('e')});")
+            else:
+                fn, ct = REDUCE[op.prim][0], self.ctype(o)
+                w(f"for (int e = 0; e < E; ++e) if ({self.col_ok()}) p{o.id} = {fn}(p{o.id}, ({ct}){self.ref(src)});")
+
+    def reduce_finish(self, w: _Writer, ops: list[ir.Op]):
+        """Combine the partials across the row's threads: shuffles, then (rows wider than a warp) one
+        round through shared memory for the whole batch of reductions (one barrier pair)."""
         if not ops:
             return
         slots = []
         for op in ops:
-            src, out = op.inputs[0], op.outputs[0]
-            if op.prim in ARG_REDUCE:
-                is_max = ARG_REDUCE[op.prim]
-                w(f"float p{out.id} = {REDUCE['reduce_max' if is_max == 'true' else 'reduce_min'][1]['float']}; int q{out.id} = 0x7fffffff;")
-                w("#pragma unroll")
-                w(f"for (int e = 0; e < E; ++e) if ({self.col_ok()}) js_arg_combine<{is_max}>(p{out.id}, q{out.id}, (float){self.ref(src)}, ((e / V) * TPR + lane) * V + e % V);")
-                if self.m.tpr > 1:
-                    w(f"js_group_arg_reduce<{min(self.m.tpr, 32)}, {is_max}>(p{out.id}, q{out.id});")
-                slots.append((op, "arg"))
-            else:
-                fn, ident = REDUCE[op.prim]
-                ct = self.ctype(out)
-                w(f"{ct} p{out.id} = {ident[ct]};")
-                w("#pragma unroll")
-                w(f"for (int e = 0; e < E; ++e) if ({self.col_ok()}) p{out.id} = {fn}(p{out.id}, ({ct}){self.ref(src)});")
-                if self.m.tpr > 1:
-                    w(f"p{out.id} = js_group_reduce<{min(self.m.tpr, 32)}>(p{out.id}, {fn});")
-                slots.append((op, ct))
+            o = op.outputs[0]
+            kind = "arg" if op.prim in ARG_REDUCE else self.ctype(o)
+            if self.m.tpr > 1 and kind == "arg":
+                w(f"js_group_arg_reduce<{min(self.m.tpr, 32)}, {ARG_REDUCE[op.prim]}>(p{o.id}, q{o.id});")
+            elif self.m.tpr > 1:
+                w(f"p{o.id} = js_group_reduce<{min(self.m.tpr, 32)}>(p{o.id}, {REDUCE[op.prim][0]});")
+            slots.append((op, kind))
         if self.m.tpr > 32:
             self.n_row_red = max(self.n_row_red, len(slots))
             w("if ((tid & 31) == 0) {")
@@ -262,8 +301,9 @@ def render(plan: KernelPlan) -> Source:
     grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
     for op in grid_ops:
         if CTYPE[op.outputs[0].dtype] != "float":
-            from ..plan.layout import Unplannable
             raise Unplannable(f"{op.prim} over the grid of a {op.outputs[0].dtype} value")
+    # Per-chunk kinds: what a thread holds as E-element arrays, made again for every chunk of a row.
+    per_chunk = (FULL, COL) if k.chunked else (FULL,)
 
     params = [f"const {STYPE[v.dtype]}* __restrict__ in{i}" for i, v in enumerate(region.inputs)]
     params += [f"{STYPE[v.dtype]}* __restrict__ out{j}" for j, v in enumerate(region.outputs)]
@@ -272,26 +312,27 @@ def render(plan: KernelPlan) -> Source:
 
     pro, body, epi = _Writer(1), _Writer(2), _Writer(1)
     # Prologue: scalars and column values, the same for every row this thread visits.
+    pro("const int ch = 0;  // the chunk, for code outside chunk loops")
     for v in region.inputs:
         p, i = layout.of(v), k.inputs[v.id]
         if p.storage == SCALAR:
             pro(f"const {k.ctype(v)} v{v.id} = js_io<{STYPE[v.dtype]}>::get(in{i}[0]);")
-        elif p.storage == COL:
+        elif p.storage == COL and not k.chunked:
             k.load_array(pro, v, f"in{i}", per_row=False)
     body_ops, epi_ops = [], []
-    early = [v for v in region.inputs]  # values that exist before the row loop (or at its start)
+    early = list(region.inputs)  # values that exist before the row loop's phases
     for op in region.ops:
         p = layout.of(op.outputs[0])
         if p.level == EPILOGUE:
             epi_ops.append(op)
-        elif p.storage in (SCALAR, COL) and (op.prim not in opdefs.REDUCTIONS or opdefs.is_layout(op)):
+        elif p.storage in (SCALAR, COL) and p.storage not in per_chunk and (
+                op.prim not in opdefs.REDUCTIONS or opdefs.is_layout(op)):
             k.emit_op(pro, op)
             early.append(op.outputs[0])
         else:
             body_ops.append(op)
     for v in early:
-        if layout.of(v).storage in (SCALAR, COL):
-            k.store_output(pro, v, "prologue")
+        k.store_output(pro, v, "prologue")
     for op in grid_ops:
         out = op.outputs[0]
         ident = REDUCE[op.prim][1]["float"]
@@ -302,28 +343,59 @@ def render(plan: KernelPlan) -> Source:
             pro(f"float a{out.id} = {ident};")
 
     # Body: one row per row group; phases separated by the row reductions.
+    stash = {s.value_id: s.offset for s in plan.stash}
+    k.writer = body
     for v in region.inputs:
         p, i = layout.of(v), k.inputs[v.id]
         if p.storage == ROW:
             body(f"const {k.ctype(v)} v{v.id} = row_ok ? js_io<{STYPE[v.dtype]}>::get(in{i}[row]) : ({k.ctype(v)})0;")
-        elif p.storage == FULL:
-            k.load_array(body, v, f"in{i} + row * N_COLS", per_row=True)
+    if not k.chunked:
+        _load_chunk(k, body, stash, first_phase=True)
     for v in early:
-        k.store_output(body, v, "body")
+        k.store_output(body, v, "row")
     n_levels = max([level[o.outputs[0].id] for o in body_ops] + [0])
-    k.writer = body
     for lv in range(n_levels + 1):
         k.phase = lv
-        for op in body_ops:
-            out = op.outputs[0]
-            if not _is_row_reduction(op) and not opdefs.is_grid_reduction(op) and level[out.id] == lv:
+        made_here = [op for op in body_ops if not _is_row_reduction(op) and not opdefs.is_grid_reduction(op)
+                     and level[op.outputs[0].id] == lv]
+        reds = [op for op in body_ops if _is_row_reduction(op) and level[op.inputs[0].id] == lv]
+        grids = [op for op in grid_ops if level[op.inputs[0].id] == lv]
+        per_elem_grids = [op for op in grids if layout.of(op.inputs[0]).declared == FULL
+                          or layout.of(op.outputs[0]).declared == COL]
+        stored = [op.outputs[0] for op in body_ops if _defined_at(op, level) == lv]
+        # Row values first (outside any chunk loop), then the per-element work, chunk by chunk.
+        for op in made_here:
+            if layout.of(op.outputs[0]).storage not in per_chunk:
                 k.emit_op(body, op)
-        k.row_reductions(body, [op for op in body_ops if _is_row_reduction(op) and level[op.inputs[0].id] == lv])
-        for op in body_ops:
-            if _defined_at(op, level) == lv:
-                k.store_output(body, op.outputs[0], "body")
-        for op in grid_ops:
-            if level[op.inputs[0].id] == lv:
+        k.reduce_init(body, reds)
+        w = body
+        chunk_work = lv == 0 or reds or per_elem_grids or any(
+            layout.of(op.outputs[0]).storage in per_chunk for op in made_here) or any(
+            layout.of(v).declared in (FULL, COL) for v in stored)
+        if k.chunked and chunk_work:
+            body("for (int ch = 0; ch < CHUNKS; ++ch) {")
+            w = k.writer = _Writer(body.indent + 1)
+            _load_chunk(k, w, stash, first_phase=lv == 0)
+        if lv == 0:
+            for v in early:
+                k.store_output(w, v, "chunk")
+        for op in made_here:
+            if layout.of(op.outputs[0]).storage in per_chunk:
+                k.emit_op(w, op)
+        k.reduce_accumulate(w, reds)
+        for v in stored:
+            k.store_output(w, v, "chunk")
+        for op in per_elem_grids:
+            k.grid_accumulate(w, op)
+        if k.chunked and chunk_work:
+            body.lines.extend(w.lines)
+            body("}")
+            k.writer = body
+        k.reduce_finish(body, reds)
+        for v in stored:
+            k.store_output(body, v, "row")
+        for op in grids:
+            if op not in per_elem_grids:
                 k.grid_accumulate(body, op)
 
     k.phase = None
@@ -331,16 +403,35 @@ def render(plan: KernelPlan) -> Source:
     if m.tpr > 32 and k.n_row_red:
         shared(f"__shared__ float js_red[{k.n_row_red}][RPB][NWARPS_ROW];")
         shared(f"__shared__ int js_redi[{k.n_row_red}][RPB][NWARPS_ROW];")
+    if stash:
+        shared("extern __shared__ __align__(16) unsigned char js_dyn[];")
     if grid_ops:
         _epilogue(k, epi, shared, grid_ops, epi_ops)
 
     summary = f"{len(region.ops)} ops, {m.n_rows}x{m.n_cols}, {m.name}, scheme {plan.scheme}"
     code = string.Template(template("stitch_kernel.cu")).substitute(
         summary=summary, common=template("stitch_common.cuh"), n_rows=m.n_rows, n_cols=m.n_cols,
-        vec=m.vec, tpr=m.tpr, vpt=m.vpt, rows_per_block=m.rows_per_block, block=m.block,
+        vec=m.vec, tpr=m.tpr, vpt=m.vpt, chunks=m.chunks, rows_per_block=m.rows_per_block, block=m.block,
         name=KERNEL_NAME, params=", ".join(params), shared=shared.text(), prologue=pro.text(),
         body=body.text(), epilogue=epi.text())
     return Source(code, KERNEL_NAME, tuple(params))
+
+
+def _load_chunk(k: _Kernel, w: _Writer, stash: dict[int, int], first_phase: bool):
+    """This thread's elements of the per-chunk inputs: row inputs from global memory in the first
+    phase (copied to the stash when there is one) and from the stash after; column inputs (chunked
+    rows only) from global memory, where L1/L2 keep them."""
+    for v in k.plan.region.inputs:
+        p, i = k.layout.of(v), k.inputs[v.id]
+        if p.storage == FULL:
+            ptr = f"in{i} + row * N_COLS"
+            if v.id in stash:
+                name = f"reinterpret_cast<{STYPE[v.dtype]}*>(js_dyn + {stash[v.id]})"
+                k.load_array(w, v, ptr, per_row=True, stash=name, from_stash=not first_phase)
+            else:
+                k.load_array(w, v, ptr, per_row=True)
+        elif p.storage == COL and k.chunked:
+            k.load_array(w, v, f"in{i}", per_row=False)
 
 
 def _epilogue(k: _Kernel, w: _Writer, shared: _Writer, grid_ops, epi_ops):
@@ -358,13 +449,13 @@ def _epilogue(k: _Kernel, w: _Writer, shared: _Writer, grid_ops, epi_ops):
         if layout.of(op.outputs[0]).declared == COL:
             if m.rows_per_block == 1:
                 w("#pragma unroll")
-                w(f"for (int e = 0; e < E; ++e) {{ const int c = ((e / V) * TPR + lane) * V + e % V; "
+                w(f"for (int e = 0; e < E; ++e) {{ const int c = " + col_index("e") + "; "
                   f"if (c < N_COLS) js_ws[{off} + (long long)blockIdx.x * N_COLS + c] = a{o}[e]; }}")
             else:
                 w("for (int rg = 0; rg < RPB; ++rg) {")
                 w("  if (row_in_block == rg) {")
                 w("#pragma unroll")
-                w(f"    for (int e = 0; e < E; ++e) {{ const int c = ((e / V) * TPR + lane) * V + e % V; "
+                w(f"    for (int e = 0; e < E; ++e) {{ const int c = " + col_index("e") + "; "
                   f"if (c < N_COLS) js_colbuf[c] = rg == 0 ? a{o}[e] : {fn}(js_colbuf[c], a{o}[e]); }}")
                 w("  }")
                 w("  __syncthreads();")

@@ -16,6 +16,7 @@ OUR_EFFICIENCY = 0.9        # fraction of copy bandwidth a register-resident row
 XLA_ONE_PASS_EFFICIENCY = 0.85  # XLA's single-kernel row reductions (measured 75-88% on H200)
 XLA_EFFICIENCY = 0.85
 MIN_GAIN = 1.03              # stitch only when the estimate wins by at least this much
+L2_SPEEDUP = 2.0             # re-reads of a chunked row served by L2, relative to HBM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,8 @@ def _nbytes(p, layout: Layout) -> int:
 
 
 def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
-             cooperative: bool, target: Target) -> Estimate:
+             cooperative: bool, target: Target, rereads: bool = False) -> Estimate:
+    """`rereads`: phases after the first read their row inputs again from global memory (L2)."""
     bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
     io = [layout.of(v) for v in inputs] + [layout.of(v) for v in outputs]
     must_move = sum(_nbytes(p, layout) for p in io)
@@ -47,6 +49,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
         ours += target.grid_sync_us
     full_in = sum(_nbytes(layout.of(v), layout) for v in inputs if layout.of(v).declared == FULL)
     row_levels = max((p.level for p in layout.values if p.level != EPILOGUE), default=0)
+    if rereads:
+        ours += row_levels * full_in / (bw * L2_SPEEDUP)
     n_full_out = sum(1 for v in outputs if layout.of(v).declared == FULL)
     f32_full = layout.n_rows * layout.n_cols * 4
     if row_levels == 0 and n_grid_reductions == 0:

@@ -3,6 +3,9 @@
 Short rows pack several rows into one warp (TPR < 32 lanes per row: horizontal packing), medium rows
 take a warp, long rows a whole block (reduced through shared memory: AStitch's regional scheme). Each
 thread keeps E elements of its row per live array in registers; E is bounded so that the arrays fit.
+Rows longer than a block can hold in registers are walked in CHUNKS of E elements per thread; each
+phase after the first reads its inputs again from a stash: the block's shared memory when the row fits
+there (the row leaves HBM once), else global memory (re-reads mostly served by L2).
 """
 from __future__ import annotations
 
@@ -14,6 +17,9 @@ from ..targets import Target
 from .layout import COL, FULL, Layout, Unplannable
 
 MAX_ELEMS_PER_THREAD = 32
+REGISTERS, SHARED, GLOBAL = "registers", "shared", "global"
+STATIC_SMEM_RESERVE = 4 * 1024  # reduction scratch next to a shared stash
+SMEM_PER_BLOCK_SYSTEM = 1024    # what the hardware reserves per resident block (sm_80+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +33,9 @@ class Mapping:
     block: int
     grid: int             # upper bound; a cooperative launch clamps it to the resident blocks
     cooperative: bool
+    chunks: int = 1       # E-element chunks per thread per row
+    stash: str = REGISTERS  # where inputs wait between phases: registers, shared or global memory
+    smem_bytes: int = 0   # dynamic shared memory per block (the stash)
 
     @property
     def elems_per_thread(self) -> int:
@@ -35,12 +44,16 @@ class Mapping:
     @property
     def name(self) -> str:
         if self.tpr < 32:
-            return f"{32 // self.tpr} rows per warp"
-        if self.tpr == 32:
-            return "warp per row"
-        if self.tpr == self.block:
-            return "block per row"
-        return f"{self.tpr // 32} warps per row"
+            name = f"{32 // self.tpr} rows per warp"
+        elif self.tpr == 32:
+            name = "warp per row"
+        elif self.tpr == self.block:
+            name = "block per row"
+        else:
+            name = f"{self.tpr // 32} warps per row"
+        if self.chunks > 1:
+            name += f", {self.chunks} chunks, {self.stash} stash"
+        return name
 
 
 def _pow2_at_least(x: int) -> int:
@@ -48,7 +61,8 @@ def _pow2_at_least(x: int) -> int:
 
 
 def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_reduced: bool,
-           target: Target, max_tpr: int = 1024) -> Mapping:
+           target: Target, max_tpr: int = 1024, stash_itemsize: int = 0) -> Mapping:
+    """`stash_itemsize`: bytes per column of the inputs a chunked row must keep (sum over them)."""
     n, c = layout.n_rows, layout.n_cols
     wide = [p.value for p in layout.values if p.storage in (FULL, COL) and p.value in region_io]
     vec = min([16 // v.itemsize for v in wide] + [8])
@@ -59,14 +73,26 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     tpr = min(max_tpr, _pow2_at_least(math.ceil(c / budget)))
     tpr = max(1, min(tpr, _pow2_at_least(math.ceil(c / vec))))
     vpt = math.ceil(c / (tpr * vec))
-    if vpt * vec > 2 * MAX_ELEMS_PER_THREAD:
-        raise Unplannable(f"rows of {c} elements need {vpt * vec} registers per thread and array; "
-                          "splitting long rows over blocks is not implemented yet")
+    chunks = 1
+    if vpt * vec > budget:  # even at the most threads per row, the row does not fit in registers
+        chunks = math.ceil(vpt * vec / budget)
+        vpt = math.ceil(vpt / chunks)
     rows_per_block = max(1, 256 // tpr)
     block = tpr * rows_per_block
+    stash, smem = REGISTERS, 0
+    col_partials = grid_reduced and any(p.declared == COL and p.level < 0 for p in layout.values)
+    if chunks > 1:
+        if col_partials:
+            raise Unplannable(f"column reductions over rows of {c} elements (longer than a block "
+                              "holds in registers) are not implemented")
+        smem = block * chunks * vpt * vec * stash_itemsize
+        stash = SHARED if smem + STATIC_SMEM_RESERVE <= target.smem_optin else GLOBAL
+        smem = smem if stash == SHARED else 0
     groups = math.ceil(n / rows_per_block)
     per_sm = max(1, target.max_threads_per_sm // block)
-    if grid_reduced:  # partials per block go through global memory: keep the grid near one wave
+    if smem:
+        per_sm = max(1, min(per_sm, target.smem_per_sm // (smem + STATIC_SMEM_RESERVE + SMEM_PER_BLOCK_SYSTEM)))
+    if col_partials:  # a row of partials per block goes through global memory: keep the grid small
         per_sm = max(1, min(per_sm, 1024 // block))
     grid = max(1, min(groups, target.sm_count * per_sm))
-    return Mapping(n, c, vec, tpr, vpt, rows_per_block, block, grid, grid_reduced)
+    return Mapping(n, c, vec, tpr, vpt, rows_per_block, block, grid, grid_reduced, chunks, stash, smem)

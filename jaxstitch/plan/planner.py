@@ -23,12 +23,21 @@ class GridReduction:
 
 
 @dataclasses.dataclass(frozen=True)
+class StashSlot:
+    """A chunked row's input kept in the block's dynamic shared memory at `offset` bytes."""
+
+    value_id: int
+    offset: int
+
+
+@dataclasses.dataclass(frozen=True)
 class KernelPlan:
     region: Region
     layout: Layout
     mapping: Mapping
     grid_reductions: tuple[GridReduction, ...]
     workspace_bytes: int
+    stash: tuple[StashSlot, ...] = ()
 
     @property
     def scheme(self) -> str:
@@ -72,18 +81,26 @@ def plan_region(region: Region, target: Target, max_tpr: int = 1024) -> RegionPl
         grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
         if any(op.prim in ("argmax", "argmin") for op in grid_ops):
             raise Unplannable("argmax/argmin over the whole grid")
+        row_inputs = [v for v in region.inputs if layout.of(v).storage == FULL]
         mp = mapping_mod.choose(layout, list(region.inputs) + list(region.outputs),
-                                _live_arrays(region, layout), bool(grid_ops), target, max_tpr)
+                                _live_arrays(region, layout), bool(grid_ops), target, max_tpr,
+                                stash_itemsize=sum(v.itemsize for v in row_inputs))
+        stash, at = [], 0
+        if mp.stash == mapping_mod.SHARED:
+            for v in row_inputs:
+                stash.append(StashSlot(v.id, at))
+                at += mp.block * mp.chunks * mp.vpt * mp.vec * v.itemsize
         reductions, offset = [], BARRIER_BYTES // 4
         for op in grid_ops:
             size = layout.n_cols if layout.of(op.outputs[0]).declared == COL else 1
             reductions.append(GridReduction(op.outputs[0].id, offset, size))
             offset += mp.grid * size
         ws = offset * 4 if grid_ops else 0
-        kernel = KernelPlan(region, layout, mp, tuple(reductions), ws)
+        kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash))
     except Unplannable as e:
         return RegionPlan(region, None, None, str(e))
-    est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, mp.cooperative, target)
+    est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, mp.cooperative, target,
+                        rereads=mp.stash == mapping_mod.GLOBAL)
     reason = None
     if est.xla_kernels == 1 or est.speedup < cost.MIN_GAIN:
         if est.xla_kernels == 1:
