@@ -68,6 +68,32 @@ __device__ __forceinline__ void js_load_stash(const S* __restrict__ p, S* __rest
   for (int i = 0; i < V; ++i) out[i] = js_io<S>::get(x.v[i]);
 }
 
+// Asynchronous copy of one vector (V elements of S) from global to shared memory (cp.async, sm_80+):
+// 16-byte pieces, or one 4- or 8-byte copy. With ok == false nothing is read and zeros are written.
+__device__ __forceinline__ unsigned int js_smem_addr(const void* p) {
+  unsigned int a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+template <typename S, int V>
+__device__ __forceinline__ void js_stage(S* smem, const S* __restrict__ g, bool ok) {
+  constexpr int BYTES = V * (int)sizeof(S);
+  const unsigned int dst = js_smem_addr(smem);
+  const char* src = reinterpret_cast<const char*>(g);
+  if constexpr (BYTES % 16 == 0) {
+#pragma unroll
+    for (int b = 0; b < BYTES; b += 16)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst + b), "l"(src + b), "r"(ok ? 16 : 0) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" :: "r"(dst), "l"(src), "n"(BYTES % 16), "r"(ok ? BYTES : 0) : "memory");
+  }
+}
+__device__ __forceinline__ void js_stage_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most N of this thread's committed copy groups are still in flight; the landed data
+// is then visible to this thread (each thread reads back only the slots it copied).
+template <int N>
+__device__ __forceinline__ void js_stage_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
+
 template <typename S, int V, typename C>
 __device__ __forceinline__ void js_store(S* __restrict__ p, const C* in) {
   js_vec<S, V> x;

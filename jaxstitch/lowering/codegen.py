@@ -285,6 +285,20 @@ class _Kernel:
             w(f"if (row_ok && lane == 0) a{out.id} = {fn}(a{out.id}, (float){self.ref(src, '0')});")
 
 
+def _chunk_work(k: _Kernel, body_ops, grid_ops, level: dict, lv: int) -> bool:
+    """Whether phase `lv` touches the row's elements (needs a pass over the chunks)."""
+    per_chunk = (FULL, COL) if k.chunked else (FULL,)
+    for op in body_ops:
+        out = k.layout.of(op.outputs[0])
+        if _is_row_reduction(op) and level[op.inputs[0].id] == lv:
+            return True
+        if not opdefs.is_grid_reduction(op) and not _is_row_reduction(op) and out.level == lv and (
+                out.storage in per_chunk or (op.outputs[0] in k.outputs and out.declared in (FULL, COL))):
+            return True
+    return lv == 0 or any(level[op.inputs[0].id] == lv and (k.layout.of(op.inputs[0]).declared == FULL
+                          or k.layout.of(op.outputs[0]).declared == COL) for op in grid_ops)
+
+
 def _is_row_reduction(op: ir.Op) -> bool:
     return op.prim in opdefs.REDUCTIONS and not opdefs.is_layout(op) and not opdefs.is_grid_reduction(op)
 
@@ -345,6 +359,17 @@ def render(plan: KernelPlan) -> Source:
     # Body: one row per row group; phases separated by the row reductions.
     stash = {s.value_id: s.offset for s in plan.stash}
     k.writer = body
+    if m.stages:  # the first row group's copies start before the loop; see mapping.py
+        pro("int js_buf = 0;")
+        _stage_rows(k, pro, stash, "(long long)blockIdx.x * RPB")
+    if m.stages == 2:  # refill the other buffer (read last row group: all its reads are done first)
+        body("__syncthreads();")
+        body("js_buf ^= 1;")
+        _stage_rows(k, body, stash, "base + (long long)gridDim.x * RPB")
+        body("js_buf ^= 1;")
+        body("js_stage_wait<1>();")
+    elif m.stages == 1:
+        body("js_stage_wait<0>();")
     for v in region.inputs:
         p, i = layout.of(v), k.inputs[v.id]
         if p.storage == ROW:
@@ -354,6 +379,7 @@ def render(plan: KernelPlan) -> Source:
     for v in early:
         k.store_output(body, v, "row")
     n_levels = max([level[o.outputs[0].id] for o in body_ops] + [0])
+    last_chunk_phase = max(lv for lv in range(n_levels + 1) if _chunk_work(k, body_ops, grid_ops, level, lv))
     for lv in range(n_levels + 1):
         k.phase = lv
         made_here = [op for op in body_ops if not _is_row_reduction(op) and not opdefs.is_grid_reduction(op)
@@ -369,9 +395,7 @@ def render(plan: KernelPlan) -> Source:
                 k.emit_op(body, op)
         k.reduce_init(body, reds)
         w = body
-        chunk_work = lv == 0 or reds or per_elem_grids or any(
-            layout.of(op.outputs[0]).storage in per_chunk for op in made_here) or any(
-            layout.of(v).declared in (FULL, COL) for v in stored)
+        chunk_work = _chunk_work(k, body_ops, grid_ops, level, lv)
         if k.chunked and chunk_work:
             body("for (int ch = 0; ch < CHUNKS; ++ch) {")
             w = k.writer = _Writer(body.indent + 1)
@@ -391,6 +415,9 @@ def render(plan: KernelPlan) -> Source:
             body.lines.extend(w.lines)
             body("}")
             k.writer = body
+        if m.stages == 1 and lv == last_chunk_phase:  # the stash is read for the last time: refill it
+            body("__syncthreads();")
+            _stage_rows(k, body, stash, "base + (long long)gridDim.x * RPB")
         k.reduce_finish(body, reds)
         for v in stored:
             k.store_output(body, v, "row")
@@ -403,7 +430,7 @@ def render(plan: KernelPlan) -> Source:
     if m.tpr > 32 and k.n_row_red:
         shared(f"__shared__ float js_red[{k.n_row_red}][RPB][NWARPS_ROW];")
         shared(f"__shared__ int js_redi[{k.n_row_red}][RPB][NWARPS_ROW];")
-    if stash:
+    if m.smem_bytes:
         shared("extern __shared__ __align__(16) unsigned char js_dyn[];")
     if grid_ops:
         _epilogue(k, epi, shared, grid_ops, epi_ops)
@@ -417,21 +444,47 @@ def render(plan: KernelPlan) -> Source:
     return Source(code, KERNEL_NAME, tuple(params))
 
 
+def _stash_ptr(k: _Kernel, v: ir.Value, offset: int) -> str:
+    buf = f"js_buf * {k.plan.stage_bytes} + " if k.m.stages == 2 else ""
+    return f"reinterpret_cast<{STYPE[v.dtype]}*>(js_dyn + {buf}{offset})"
+
+
 def _load_chunk(k: _Kernel, w: _Writer, stash: dict[int, int], first_phase: bool):
-    """This thread's elements of the per-chunk inputs: row inputs from global memory in the first
-    phase (copied to the stash when there is one) and from the stash after; column inputs (chunked
-    rows only) from global memory, where L1/L2 keep them."""
+    """This thread's elements of the per-chunk inputs: row inputs from the stash when they were staged
+    into it, else from global memory in the first phase (copied to the stash when there is one) and
+    from the stash after; column inputs (chunked rows only) from global memory, where L1/L2 keep them."""
     for v in k.plan.region.inputs:
         p, i = k.layout.of(v), k.inputs[v.id]
         if p.storage == FULL:
             ptr = f"in{i} + row * N_COLS"
             if v.id in stash:
-                name = f"reinterpret_cast<{STYPE[v.dtype]}*>(js_dyn + {stash[v.id]})"
-                k.load_array(w, v, ptr, per_row=True, stash=name, from_stash=not first_phase)
+                k.load_array(w, v, ptr, per_row=True, stash=_stash_ptr(k, v, stash[v.id]),
+                             from_stash=k.m.stages > 0 or not first_phase)
             else:
                 k.load_array(w, v, ptr, per_row=True)
         elif p.storage == COL and k.chunked:
             k.load_array(w, v, f"in{i}", per_row=False)
+
+
+def _stage_rows(k: _Kernel, w: _Writer, stash: dict[int, int], base: str):
+    """Start async copies of the row group at `base` into the stash buffer `js_buf` (this thread's
+    slots, every chunk) and commit them as one group."""
+    w("{")
+    w(f"  const long long srow = {base} + row_in_block;")
+    w("  for (int ch = 0; ch < CHUNKS; ++ch) {")
+    w("#pragma unroll")
+    w("    for (int k = 0; k < VPT; ++k) {")
+    w("      const int col0 = ((ch * VPT + k) * TPR + lane) * V;")
+    w("      const bool ok = srow < N_ROWS && col0 < N_COLS;")
+    for v in k.plan.region.inputs:
+        if v.id in stash:
+            i = k.inputs[v.id]
+            w(f"      js_stage<{STYPE[v.dtype]}, V>({_stash_ptr(k, v, stash[v.id])} + ((ch * VPT + k) * BLOCK + tid) * V, "
+              f"ok ? in{i} + srow * N_COLS + col0 : in{i}, ok);")
+    w("    }")
+    w("  }")
+    w("  js_stage_commit();")
+    w("}")
 
 
 def _epilogue(k: _Kernel, w: _Writer, shared: _Writer, grid_ops, epi_ops):

@@ -6,6 +6,11 @@ thread keeps E elements of its row per live array in registers; E is bounded so 
 Rows longer than a block can hold in registers are walked in CHUNKS of E elements per thread; each
 phase after the first reads its inputs again from a stash: the block's shared memory when the row fits
 there (the row leaves HBM once), else global memory (re-reads mostly served by L2).
+
+Row inputs are *staged*: copied to shared memory with asynchronous copies (cp.async) one row group
+ahead, so a block's next rows are in flight while it reduces the current ones (two stages), or at least
+all of a chunked row at once (one stage). Without that, a thread's loads wait at the top of every row
+and HBM idles while the row's reductions run.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ class Mapping:
     chunks: int = 1       # E-element chunks per thread per row
     stash: str = REGISTERS  # where inputs wait between phases: registers, shared or global memory
     smem_bytes: int = 0   # dynamic shared memory per block (the stash)
+    stages: int = 0       # row-group buffers the stash is filled through with async copies (0: none)
 
     @property
     def elems_per_thread(self) -> int:
@@ -53,6 +59,8 @@ class Mapping:
             name = f"{self.tpr // 32} warps per row"
         if self.chunks > 1:
             name += f", {self.chunks} chunks, {self.stash} stash"
+        if self.stages:
+            name += f", {self.stages}-stage async loads"
         return name
 
 
@@ -60,9 +68,14 @@ def _pow2_at_least(x: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, x))))
 
 
+def _async_copyable(vec: int, itemsizes) -> bool:
+    """cp.async moves 4, 8 or 16 bytes: each stashed vector must be one of those, or 16-byte pieces."""
+    return bool(itemsizes) and all(vec * i in (4, 8) or (vec * i) % 16 == 0 for i in itemsizes)
+
+
 def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_reduced: bool,
-           target: Target, max_tpr: int = 1024, stash_itemsize: int = 0) -> Mapping:
-    """`stash_itemsize`: bytes per column of the inputs a chunked row must keep (sum over them)."""
+           target: Target, max_tpr: int = 1024, stash_itemsizes: tuple[int, ...] = ()) -> Mapping:
+    """`stash_itemsizes`: the item sizes of the row inputs (those a stash would keep)."""
     n, c = layout.n_rows, layout.n_cols
     wide = [p.value for p in layout.values if p.storage in (FULL, COL) and p.value in region_io]
     vec = min([16 // v.itemsize for v in wide] + [8])
@@ -79,15 +92,20 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
         vpt = math.ceil(vpt / chunks)
     rows_per_block = max(1, 256 // tpr)
     block = tpr * rows_per_block
-    stash, smem = REGISTERS, 0
     col_partials = grid_reduced and any(p.declared == COL and p.level < 0 for p in layout.values)
+    if chunks > 1 and col_partials:
+        raise Unplannable(f"column reductions over rows of {c} elements (longer than a block "
+                          "holds in registers) are not implemented")
+    stage = block * chunks * vpt * vec * sum(stash_itemsizes)  # one row group's row inputs
+    room = target.smem_optin - STATIC_SMEM_RESERVE
+    copyable = _async_copyable(vec, stash_itemsizes)
+    stash, stages = REGISTERS, 0
     if chunks > 1:
-        if col_partials:
-            raise Unplannable(f"column reductions over rows of {c} elements (longer than a block "
-                              "holds in registers) are not implemented")
-        smem = block * chunks * vpt * vec * stash_itemsize
-        stash = SHARED if smem + STATIC_SMEM_RESERVE <= target.smem_optin else GLOBAL
-        smem = smem if stash == SHARED else 0
+        stash = SHARED if stage <= room else GLOBAL
+        stages = (2 if 2 * stage <= room else 1) if stash == SHARED and copyable else 0
+    elif copyable and 2 * stage <= target.smem_per_sm // 4 - STATIC_SMEM_RESERVE:
+        stages = 2  # a next-row buffer that still leaves room for 4 blocks per SM
+    smem = stage * max(stages, 1) if stash == SHARED or stages else 0
     groups = math.ceil(n / rows_per_block)
     per_sm = max(1, target.max_threads_per_sm // block)
     if smem:
@@ -95,4 +113,5 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     if col_partials:  # a row of partials per block goes through global memory: keep the grid small
         per_sm = max(1, min(per_sm, 1024 // block))
     grid = max(1, min(groups, target.sm_count * per_sm))
-    return Mapping(n, c, vec, tpr, vpt, rows_per_block, block, grid, grid_reduced, chunks, stash, smem)
+    return Mapping(n, c, vec, tpr, vpt, rows_per_block, block, grid, grid_reduced, chunks, stash, smem,
+                   stages)

@@ -24,7 +24,8 @@ class GridReduction:
 
 @dataclasses.dataclass(frozen=True)
 class StashSlot:
-    """A chunked row's input kept in the block's dynamic shared memory at `offset` bytes."""
+    """A row input kept in the block's dynamic shared memory at `offset` bytes (of each stage's buffer:
+    a chunked row's stash, or the async-copy stages a row group is loaded through)."""
 
     value_id: int
     offset: int
@@ -38,6 +39,10 @@ class KernelPlan:
     grid_reductions: tuple[GridReduction, ...]
     workspace_bytes: int
     stash: tuple[StashSlot, ...] = ()
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.mapping.smem_bytes // max(1, self.mapping.stages)
 
     @property
     def scheme(self) -> str:
@@ -84,9 +89,9 @@ def plan_region(region: Region, target: Target, max_tpr: int = 1024) -> RegionPl
         row_inputs = [v for v in region.inputs if layout.of(v).storage == FULL]
         mp = mapping_mod.choose(layout, list(region.inputs) + list(region.outputs),
                                 _live_arrays(region, layout), bool(grid_ops), target, max_tpr,
-                                stash_itemsize=sum(v.itemsize for v in row_inputs))
+                                stash_itemsizes=tuple(v.itemsize for v in row_inputs))
         stash, at = [], 0
-        if mp.stash == mapping_mod.SHARED:
+        if mp.smem_bytes:
             for v in row_inputs:
                 stash.append(StashSlot(v.id, at))
                 at += mp.block * mp.chunks * mp.vpt * mp.vec * v.itemsize
