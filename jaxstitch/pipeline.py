@@ -47,7 +47,7 @@ class Program:
 def compile_region(region, target: Target, cfg: Config) -> Compiled:
     """Plan, render and compile; a kernel that spills is re-planned with fewer threads per row."""
     compiled = None
-    for max_tpr in (1024, 512, 256):
+    for max_tpr in [t for t in (1024, 512, 256) if t <= cfg.max_threads_per_row] or [cfg.max_threads_per_row]:
         plan = plan_region(region, target, max_tpr)
         if compiled is not None and (plan.kernel is None or plan.kernel.mapping == compiled.plan.kernel.mapping):
             break  # no other mapping to try: keep the spill as the reason

@@ -110,7 +110,7 @@ class _Kernel:
     def col_ok(self, e: str = "e") -> str:
         if self.exact_cols:
             return "true"
-        return f"({col_index(e)} < N_COLS)"
+        return f"(((ch * VPT + ({e}) / V) * TPR + lane) * V < N_COLS)"  # V divides N_COLS
 
     # ---- ops --------------------------------------------------------------------------------------
     def elementwise(self, w: _Writer, op: ir.Op, name: str | None = None):
@@ -135,9 +135,12 @@ class _Kernel:
         if self.placed(out).storage == ROW:
             w(f"const int {name} = (int)((row / {stride}) % {size});")
         elif self.placed(out).storage == COL:
+            expr = col_index("e") + (f" / {stride}" if stride > 1 else "")
+            if stride * size < self.m.n_cols:  # else the quotient is below `size` already
+                expr += f" % {size}"
             w(f"int {name}[E];")
             w("#pragma unroll")
-            w(f"for (int e = 0; e < E; ++e) {name}[e] = {col_index('e')} / {stride} % {size};")
+            w(f"for (int e = 0; e < E; ++e) {name}[e] = {expr};")
         else:
             w(f"const int {name} = 0;")
 
@@ -362,11 +365,11 @@ def render(plan: KernelPlan) -> Source:
     if m.stages:  # the first row group's copies start before the loop; see mapping.py
         pro("int js_buf = 0;")
         _stage_rows(k, pro, stash, "(long long)blockIdx.x * RPB")
-    if m.stages == 2:  # refill the other buffer (read last row group: all its reads are done first)
+    if m.stages == 2:  # refill the other buffer (read by the last row group: all its reads are done)
         body("__syncthreads();")
         body("js_buf ^= 1;")
         _stage_rows(k, body, stash, "base + (long long)gridDim.x * RPB")
-        body("js_buf ^= 1;")
+        body("js_buf ^= 1;  // back to this row group's buffer; the loop's end moves on to the next")
         body("js_stage_wait<1>();")
     elif m.stages == 1:
         body("js_stage_wait<0>();")
@@ -424,6 +427,8 @@ def render(plan: KernelPlan) -> Source:
         for op in grids:
             if op not in per_elem_grids:
                 k.grid_accumulate(body, op)
+    if m.stages == 2:
+        body("js_buf ^= 1;")
 
     k.phase = None
     shared = _Writer(1)
