@@ -14,7 +14,7 @@ ${common}
 #define BLOCK ${block}
 #define NWARPS_ROW ((TPR + 31) / 32)
 
-extern "C" __global__ void __launch_bounds__(BLOCK) ${name}(${params}) {
+extern "C" __global__ void __launch_bounds__(BLOCK, ${min_blocks}) ${name}(${params}) {
   const int tid = threadIdx.x;
   const int lane = tid % TPR;
   const int row_in_block = tid / TPR;

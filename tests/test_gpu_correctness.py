@@ -49,8 +49,9 @@ ODD_SHAPES = {
 
 # Expected stitched kernels at the quick shapes (as in test_pipeline_cpu.py), with the known bugs that
 # still keep some from it (strict xfails: they fail loudly once fixed, then drop the entry).
-# fig7_chain is absent on purpose: XLA runs it as one kernel, so the planner leaves it to XLA.
-ONE_KERNEL = ("layernorm_fwdbwd", "softmax_fwdbwd", "xent_fwdbwd", "rmsnorm_residual_fwdbwd")
+# fig7_chain is absent on purpose: XLA runs it as one kernel, so the planner leaves it to XLA;
+# rmsnorm_residual_fwdbwd too: XLA reaches ~65% of HBM on it already, the estimated gain is below cost.MIN_GAIN.
+ONE_KERNEL = ("layernorm_fwdbwd", "softmax_fwdbwd", "xent_fwdbwd")
 KNOWN_PLAN_BUGS: dict[str, str] = {}
 
 
@@ -196,7 +197,7 @@ LONG_ROWS = [
     ("softmax_fwdbwd", "bfloat16", (61, 20000), "shared"),
     ("softmax_fwdbwd", "float32", (37, 60001), "global"),
     ("layernorm_fwd", "float32", (45, 30000), "shared"),
-    ("xent_fwdbwd", "float32", (67, 50000), "global"),
+    ("xent_fwdbwd", "float32", (67, 60000), "global"),
     ("xent_fwdbwd", "bfloat16", (300, 32000), "shared"),
 ]
 

@@ -34,8 +34,9 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 S = jax.ShapeDtypeStruct
 
 # Workloads that must become exactly one stitched kernel at their quick shapes.
-# fig7_chain is absent on purpose: XLA runs it as one kernel, so the planner leaves it to XLA.
-ONE_KERNEL = ("layernorm_fwdbwd", "softmax_fwdbwd", "xent_fwdbwd", "rmsnorm_residual_fwdbwd")
+# fig7_chain is absent on purpose: XLA runs it as one kernel, so the planner leaves it to XLA;
+# rmsnorm_residual_fwdbwd too: XLA reaches ~65% of HBM on it already, the estimated gain is below cost.MIN_GAIN.
+ONE_KERNEL = ("layernorm_fwdbwd", "softmax_fwdbwd", "xent_fwdbwd")
 
 # Features of the random graphs that hit known codegen bugs: the codegen property tests leave them out
 # until those are fixed (none today).
@@ -319,10 +320,10 @@ def _xent_specs(n, v, dtype):
     (softmax_fwdbwd, (S((64, 32000), jnp.bfloat16),) * 2, "shared"),   # 2 x 64 KB rows: shared memory
     (softmax_fwdbwd, (S((64, 32000), jnp.float32),) * 2, "global"),    # 2 x 128 KB: more than a block gets
     (WORKLOADS["xent_fwdbwd"].fn, _xent_specs(256, 32000, jnp.float32), "shared"),
-    (WORKLOADS["xent_fwdbwd"].fn, _xent_specs(64, 100000, jnp.bfloat16), "global"),
+    (WORKLOADS["xent_fwdbwd"].fn, _xent_specs(64, 120000, jnp.bfloat16), "global"),
     (WORKLOADS["layernorm_fwd"].fn, (S((64, 30000), jnp.float32), S((30000,), jnp.float32),
                                      S((30000,), jnp.float32)), "shared"),
-], ids=["softmax-bf16", "softmax-f32", "xent-f32", "xent-bf16-100k", "layernorm-fwd"])
+], ids=["softmax-bf16", "softmax-f32", "xent-f32", "xent-bf16-120k", "layernorm-fwd"])
 def test_long_rows_are_chunked(fn, specs, stash):
     """Rows longer than a block holds in registers are walked in chunks, one kernel, no spills (a
     spilling kernel would be declined); the stash is shared memory when the row fits there."""

@@ -444,6 +444,7 @@ def render(plan: KernelPlan) -> Source:
     code = string.Template(template("stitch_kernel.cu")).substitute(
         summary=summary, common=template("stitch_common.cuh"), n_rows=m.n_rows, n_cols=m.n_cols,
         vec=m.vec, tpr=m.tpr, vpt=m.vpt, chunks=m.chunks, rows_per_block=m.rows_per_block, block=m.block,
+        min_blocks=m.min_blocks,
         name=KERNEL_NAME, params=", ".join(params), shared=shared.text(), prologue=pro.text(),
         body=body.text(), epilogue=epi.text())
     return Source(code, KERNEL_NAME, tuple(params))
