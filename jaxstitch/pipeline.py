@@ -45,15 +45,18 @@ class Program:
 
 
 def compile_region(region, target: Target, cfg: Config) -> Compiled:
-    """Plan, render and compile; a kernel that spills is re-planned with fewer threads per row."""
+    """Plan, render and compile; a kernel that spills is planned again with the register cap of its
+    launch bounds lifted, then with fewer threads per row (more registers each)."""
     compiled = None
-    for max_tpr in [t for t in (1024, 512, 256) if t <= cfg.max_threads_per_row] or [cfg.max_threads_per_row]:
-        plan = plan_region(region, target, max_tpr)
-        if compiled is not None and (plan.kernel is None or plan.kernel.mapping == compiled.plan.kernel.mapping):
-            break  # no other mapping to try: keep the spill as the reason
-        compiled = _compile_plan(plan, target, cfg)
-        if not compiled.spilled:
-            break
+    tprs = [t for t in (1024, 512, 256) if t <= cfg.max_threads_per_row] or [cfg.max_threads_per_row]
+    for max_tpr in tprs:
+        for relaxed in (False, True):
+            plan = plan_region(region, target, max_tpr, relaxed)
+            if compiled is not None and (plan.kernel is None or plan.kernel.mapping == compiled.plan.kernel.mapping):
+                continue  # nothing new to try here
+            compiled = _compile_plan(plan, target, cfg)
+            if not compiled.spilled:
+                return compiled
     return compiled
 
 

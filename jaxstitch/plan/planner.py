@@ -78,9 +78,10 @@ def _live_arrays(region: Region, layout: Layout) -> int:
     return count
 
 
-def plan_region(region: Region, target: Target, max_tpr: int = 1024) -> RegionPlan:
-    """`max_tpr` caps threads per row: a mapping whose kernel spills is planned again with fewer
-    threads per row (more registers each), see pipeline.compile_region."""
+def plan_region(region: Region, target: Target, max_tpr: int = 1024, relaxed: bool = False) -> RegionPlan:
+    """`max_tpr` caps threads per row and `relaxed` drops the register cap of the launch bounds: a
+    mapping whose kernel spills is planned again with more registers per thread, see
+    pipeline.compile_region."""
     try:
         layout = place(region)
         grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
@@ -90,6 +91,8 @@ def plan_region(region: Region, target: Target, max_tpr: int = 1024) -> RegionPl
         mp = mapping_mod.choose(layout, list(region.inputs) + list(region.outputs),
                                 _live_arrays(region, layout), bool(grid_ops), target, max_tpr,
                                 stash_itemsizes=tuple(v.itemsize for v in row_inputs))
+        if relaxed:
+            mp = dataclasses.replace(mp, min_blocks=1)
         stash, at = [], 0
         if mp.smem_bytes:
             for v in row_inputs:
@@ -112,5 +115,6 @@ def plan_region(region: Region, target: Target, max_tpr: int = 1024) -> RegionPl
             reason = (f"XLA already runs this as one kernel (est. {est.xla_us:.1f} us vs {est.us:.1f} us "
                       "stitched): nothing to gain")
         else:
-            reason = f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA"
+            reason = (f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA: a predicted "
+                      f"{est.speedup:.2f}x is within the cost model's error (stitching needs {cost.MIN_GAIN}x)")
     return RegionPlan(region, kernel, est, reason)
