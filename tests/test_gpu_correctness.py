@@ -281,3 +281,23 @@ def test_random_graphs_match_xla(example):
     assert len(lw) == len(lg)
     for i, (a, b, s) in enumerate(zip(lg, lw, ls)):
         compare(a, b, f"{what} output {i}", scale_ref=s, lossy=fn.lossy_dtype, slack=fn.out_err[i])
+
+
+def grid_sums_broadcast(x):
+    """Outputs that are grid-wide or column sums broadcast back to [N, C] (found by the random graphs:
+    only their first element was once written)."""
+    xf = x.astype(jnp.float32)
+    return xf * 2.0, jnp.broadcast_to(jnp.sum(xf), x.shape), jnp.broadcast_to(jnp.sum(xf, axis=0), x.shape)
+
+
+@pytest.mark.parametrize("shape", [(1, 3), (37, 129), (300, 64)])
+def test_grid_sums_broadcast_as_outputs(shape):
+    seed = (RUN_SEED + zlib.crc32(repr(shape).encode())) % (1 << 63)
+    x = jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.bfloat16)
+    what = _msg(f"grid_sums_broadcast {shape}", seed)
+    want = jax.jit(grid_sums_broadcast)(x)
+    with force_stitching():
+        assert jaxstitch.explain(grid_sums_broadcast, x).stitched_kernels >= 1
+        _, got = run_stitched(grid_sums_broadcast, (x,), what)
+    for i, (a, b) in enumerate(zip(got, want)):
+        compare(a, b, f"{what} output {i}")

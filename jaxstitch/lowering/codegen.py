@@ -551,12 +551,10 @@ def _epilogue(k: _Kernel, w: _Writer, shared: _Writer, grid_ops, epi_ops):
     for op in scalar_epi:
         k.emit_op(w, op)
     scalar_outs = [v for v in k.outputs if layout.of(v).level == EPILOGUE and layout.of(v).storage != COL]
-    if scalar_outs:
-        w("if (blockIdx.x == 0 && tid == 0) {")
-        for v in scalar_outs:
-            j = k.outputs.index(v)
-            w(f"  out{j}[0] = js_io<{STYPE[v.dtype]}>::put({k.ref(v)});")
-        w("}")
+    for v in scalar_outs:  # a scalar, or one broadcast to rows or to the full [N, C]: every element
+        j = k.outputs.index(v)
+        w(f"for (long long i = (long long)blockIdx.x * BLOCK + tid; i < {v.size}LL; i += (long long)gridDim.x * BLOCK) "
+          f"out{j}[i] = js_io<{STYPE[v.dtype]}>::put({k.ref(v)});")
     if col_ops:
         w("for (int c = blockIdx.x * BLOCK + tid; c < N_COLS; c += gridDim.x * BLOCK) {")
         inner = _Writer(w.indent + 1)
@@ -568,6 +566,10 @@ def _epilogue(k: _Kernel, w: _Writer, shared: _Writer, grid_ops, epi_ops):
             k.emit_op(inner, op)
         for j, v in enumerate(k.outputs):
             if layout.of(v).level == EPILOGUE and layout.of(v).storage == COL:
-                inner(f"out{j}[c] = js_io<{STYPE[v.dtype]}>::put({k.ref(v)});")
+                put = f"js_io<{STYPE[v.dtype]}>::put({k.ref(v)})"
+                if layout.of(v).declared == FULL:  # column values broadcast over the rows
+                    inner(f"for (long long r = 0; r < N_ROWS; ++r) out{j}[r * N_COLS + c] = {put};")
+                else:
+                    inner(f"out{j}[c] = {put};")
         w.lines.extend(inner.lines)
         w("}")
