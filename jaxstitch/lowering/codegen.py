@@ -24,9 +24,20 @@ def template(name: str) -> str:
     return resources.files("jaxstitch.csrc_templates").joinpath(name).read_text()
 
 
+def vec_col(k: str) -> str:
+    """The first column of this thread's vector `k` in chunk `ch` (vectors of V, TPR threads a row)."""
+    return f"((ch * VPT + {k}) * TPR + lane) * V"
+
+
 def col_index(e: str) -> str:
-    """The column of this thread's element slot `e` in chunk `ch` (vectors of V, TPR threads a row)."""
-    return f"(((ch * VPT + ({e}) / V) * TPR + lane) * V + ({e}) % V)"
+    """The column of this thread's element slot `e` in chunk `ch`."""
+    return f"({vec_col(f'({e}) / V')} + ({e}) % V)"
+
+
+def stash_slot(ptr: str) -> str:
+    """This thread's vector `k` of chunk `ch` in a stash buffer at `ptr`: slots interleave the block's
+    threads, so a warp's 16-byte accesses are contiguous."""
+    return f"{ptr} + ((ch * VPT + k) * BLOCK + tid) * V"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +69,8 @@ class _Kernel:
         self.outputs = list(plan.region.outputs)
         self.exact_cols = self.m.chunks * self.m.vpt * self.m.tpr * self.m.vec == self.m.n_cols
         self.chunked = self.m.chunks > 1
+        # Per-chunk kinds: what a thread holds as E-element arrays, made again for every chunk of a row.
+        self.per_chunk = (FULL, COL) if self.chunked else (FULL,)
         self.n_row_red = 0
         # Rematerialization: a full-size value is kept in registers only within the phase that made
         # it; a later phase recomputes it from the loaded inputs, so the registers held across the
@@ -110,7 +123,7 @@ class _Kernel:
     def col_ok(self, e: str = "e") -> str:
         if self.exact_cols:
             return "true"
-        return f"(((ch * VPT + ({e}) / V) * TPR + lane) * V < N_COLS)"  # V divides N_COLS
+        return f"({vec_col(f'({e}) / V')} < N_COLS)"  # V divides N_COLS
 
     # ---- ops --------------------------------------------------------------------------------------
     def elementwise(self, w: _Writer, op: ir.Op, name: str | None = None):
@@ -162,11 +175,11 @@ class _Kernel:
         column vector. `stash` names this input's shared-memory stash: the first phase copies the
         loaded vectors there, later phases read them back (each thread only its own slots)."""
         ct, st = self.ctype(v), STYPE[v.dtype]
-        slot = f"{stash} + ((ch * VPT + k) * BLOCK + tid) * V"
+        slot = stash_slot(stash) if stash else None
         w(f"{ct} v{v.id}[E];")
         w("#pragma unroll")
         w("for (int k = 0; k < VPT; ++k) {")
-        w("  const int col0 = ((ch * VPT + k) * TPR + lane) * V;")
+        w(f"  const int col0 = {vec_col('k')};")
         guard = f"{'row_ok && ' if per_row else ''}col0 < N_COLS"
         if stash is None:
             w(f"  if ({guard}) js_load<{st}, V>({ptr} + col0, &v{v.id}[k * V]);")
@@ -181,7 +194,7 @@ class _Kernel:
         st = STYPE[v.dtype]
         w("#pragma unroll")
         w("for (int k = 0; k < VPT; ++k) {")
-        w("  const int col0 = ((ch * VPT + k) * TPR + lane) * V;")
+        w(f"  const int col0 = {vec_col('k')};")
         w(f"  if ({guard}col0 < N_COLS) {{")
         w(f"    {self.ctype(v)} t[V];")
         w("    for (int i = 0; i < V; ++i) { const int e = k * V + i; t[i] = " + self.ref(v) + "; }")
@@ -288,18 +301,35 @@ class _Kernel:
             w(f"if (row_ok && lane == 0) a{out.id} = {fn}(a{out.id}, (float){self.ref(src, '0')});")
 
 
-def _chunk_work(k: _Kernel, body_ops, grid_ops, level: dict, lv: int) -> bool:
-    """Whether phase `lv` touches the row's elements (needs a pass over the chunks)."""
-    per_chunk = (FULL, COL) if k.chunked else (FULL,)
-    for op in body_ops:
-        out = k.layout.of(op.outputs[0])
-        if _is_row_reduction(op) and level[op.inputs[0].id] == lv:
-            return True
-        if not opdefs.is_grid_reduction(op) and not _is_row_reduction(op) and out.level == lv and (
-                out.storage in per_chunk or (op.outputs[0] in k.outputs and out.declared in (FULL, COL))):
-            return True
-    return lv == 0 or any(level[op.inputs[0].id] == lv and (k.layout.of(op.inputs[0]).declared == FULL
-                          or k.layout.of(op.outputs[0]).declared == COL) for op in grid_ops)
+@dataclasses.dataclass(frozen=True)
+class _Phase:
+    """What one phase of the row loop (between two rounds of row reductions) does."""
+
+    level: int
+    made: tuple[ir.Op, ...]            # ops whose result belongs to this phase
+    reductions: tuple[ir.Op, ...]      # row reductions folding this phase's values
+    grids: tuple[ir.Op, ...]           # grid reductions accumulating this phase's values
+    per_elem_grids: tuple[ir.Op, ...]  # ... of those, the ones accumulating per element
+    stored: tuple[ir.Value, ...]       # values this phase's code defines (stored if outputs)
+    chunk_work: bool                   # touches the row's elements: needs a pass over the chunks
+
+
+def _phases(k: _Kernel, body_ops, grid_ops, level: dict) -> list[_Phase]:
+    layout = k.layout
+    phases = []
+    for lv in range(max([level[o.outputs[0].id] for o in body_ops] + [0]) + 1):
+        made = tuple(op for op in body_ops if not _is_row_reduction(op) and not opdefs.is_grid_reduction(op)
+                     and level[op.outputs[0].id] == lv)
+        reds = tuple(op for op in body_ops if _is_row_reduction(op) and level[op.inputs[0].id] == lv)
+        grids = tuple(op for op in grid_ops if level[op.inputs[0].id] == lv)
+        per_elem_grids = tuple(op for op in grids if layout.of(op.inputs[0]).declared == FULL
+                               or layout.of(op.outputs[0]).declared == COL)
+        stored = tuple(op.outputs[0] for op in body_ops if _defined_at(op, level) == lv)
+        chunk_work = bool(lv == 0 or reds or per_elem_grids
+                          or any(layout.of(op.outputs[0]).storage in k.per_chunk for op in made)
+                          or any(v in k.outputs and layout.of(v).declared in (FULL, COL) for v in stored))
+        phases.append(_Phase(lv, made, reds, grids, per_elem_grids, stored, chunk_work))
+    return phases
 
 
 def _is_row_reduction(op: ir.Op) -> bool:
@@ -319,8 +349,7 @@ def render(plan: KernelPlan) -> Source:
     for op in grid_ops:
         if CTYPE[op.outputs[0].dtype] != "float":
             raise Unplannable(f"{op.prim} over the grid of a {op.outputs[0].dtype} value")
-    # Per-chunk kinds: what a thread holds as E-element arrays, made again for every chunk of a row.
-    per_chunk = (FULL, COL) if k.chunked else (FULL,)
+    per_chunk = k.per_chunk
 
     params = [f"const {STYPE[v.dtype]}* __restrict__ in{i}" for i, v in enumerate(region.inputs)]
     params += [f"{STYPE[v.dtype]}* __restrict__ out{j}" for j, v in enumerate(region.outputs)]
@@ -381,51 +410,43 @@ def render(plan: KernelPlan) -> Source:
         _load_chunk(k, body, stash, first_phase=True)
     for v in early:
         k.store_output(body, v, "row")
-    n_levels = max([level[o.outputs[0].id] for o in body_ops] + [0])
-    last_chunk_phase = max(lv for lv in range(n_levels + 1) if _chunk_work(k, body_ops, grid_ops, level, lv))
-    for lv in range(n_levels + 1):
-        k.phase = lv
-        made_here = [op for op in body_ops if not _is_row_reduction(op) and not opdefs.is_grid_reduction(op)
-                     and level[op.outputs[0].id] == lv]
-        reds = [op for op in body_ops if _is_row_reduction(op) and level[op.inputs[0].id] == lv]
-        grids = [op for op in grid_ops if level[op.inputs[0].id] == lv]
-        per_elem_grids = [op for op in grids if layout.of(op.inputs[0]).declared == FULL
-                          or layout.of(op.outputs[0]).declared == COL]
-        stored = [op.outputs[0] for op in body_ops if _defined_at(op, level) == lv]
+    phases = _phases(k, body_ops, grid_ops, level)
+    last_chunk_phase = max(ph.level for ph in phases if ph.chunk_work)
+    for ph in phases:
+        lv = k.phase = ph.level
         # Row values first (outside any chunk loop), then the per-element work, chunk by chunk.
-        for op in made_here:
+        for op in ph.made:
             if layout.of(op.outputs[0]).storage not in per_chunk:
                 k.emit_op(body, op)
-        k.reduce_init(body, reds)
+        k.reduce_init(body, ph.reductions)
         w = body
-        chunk_work = _chunk_work(k, body_ops, grid_ops, level, lv)
-        if k.chunked and chunk_work:
+        if k.chunked and ph.chunk_work:
             body("for (int ch = 0; ch < CHUNKS; ++ch) {")
             w = k.writer = _Writer(body.indent + 1)
             _load_chunk(k, w, stash, first_phase=lv == 0)
         if lv == 0:
             for v in early:
                 k.store_output(w, v, "chunk")
-        for op in made_here:
+        for op in ph.made:
             if layout.of(op.outputs[0]).storage in per_chunk:
                 k.emit_op(w, op)
-        k.reduce_accumulate(w, reds)
-        for v in stored:
+        k.reduce_accumulate(w, ph.reductions)
+        for v in ph.stored:
             k.store_output(w, v, "chunk")
-        for op in per_elem_grids:
+        for op in ph.per_elem_grids:
             k.grid_accumulate(w, op)
-        if k.chunked and chunk_work:
+        if k.chunked and ph.chunk_work:
             body.lines.extend(w.lines)
             body("}")
             k.writer = body
         if m.stages == 1 and lv == last_chunk_phase:  # the stash is read for the last time: refill it
             body("__syncthreads();")
             _stage_rows(k, body, stash, "base + (long long)gridDim.x * RPB")
-        k.reduce_finish(body, reds)
-        for v in stored:
+        k.reduce_finish(body, ph.reductions)
+        for v in ph.stored:
             k.store_output(body, v, "row")
-        for op in grids:
-            if op not in per_elem_grids:
+        for op in ph.grids:
+            if op not in ph.per_elem_grids:
                 k.grid_accumulate(body, op)
     if m.stages == 2:
         body("js_buf ^= 1;")
@@ -480,12 +501,12 @@ def _stage_rows(k: _Kernel, w: _Writer, stash: dict[int, int], base: str):
     w("  for (int ch = 0; ch < CHUNKS; ++ch) {")
     w("#pragma unroll")
     w("    for (int k = 0; k < VPT; ++k) {")
-    w("      const int col0 = ((ch * VPT + k) * TPR + lane) * V;")
+    w(f"      const int col0 = {vec_col('k')};")
     w("      const bool ok = srow < N_ROWS && col0 < N_COLS;")
     for v in k.plan.region.inputs:
         if v.id in stash:
             i = k.inputs[v.id]
-            w(f"      js_stage<{STYPE[v.dtype]}, V>({_stash_ptr(k, v, stash[v.id])} + ((ch * VPT + k) * BLOCK + tid) * V, "
+            w(f"      js_stage<{STYPE[v.dtype]}, V>({stash_slot(_stash_ptr(k, v, stash[v.id]))}, "
               f"ok ? in{i} + srow * N_COLS + col0 : in{i}, ok);")
     w("    }")
     w("  }")
