@@ -29,6 +29,7 @@ class Eqn:
     params: dict
     inputs: tuple[ir.Atom, ...]
     outputs: tuple[ir.Value, ...]
+    effectful: bool = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -116,7 +117,7 @@ class _Flattener:
             outs = tuple(self.new_value(v.aval) for v in eqn.outvars)
             for var, o in zip(eqn.outvars, outs):
                 env[var] = o
-            self.eqns.append(Eqn(eqn.primitive, dict(eqn.params), tuple(ins), outs))
+            self.eqns.append(Eqn(eqn.primitive, dict(eqn.params), tuple(ins), outs, bool(eqn.effects)))
         return [self.atom(env, x) for x in jaxpr.outvars]
 
 
@@ -140,12 +141,26 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
     fl = _Flattener()
     inputs = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
     outputs = fl.run(closed.jaxpr, closed.consts, inputs)
+    eqns = _live_eqns(fl.eqns, outputs)
     ops = tuple(
         ir.Op(i, e.primitive.name, e.inputs, e.outputs, _hashable_params(e.params))
-        for i, e in enumerate(fl.eqns)
+        for i, e in enumerate(eqns)
     )
     graph = ir.Graph(inputs, tuple(outputs), ops)
-    return Traced(graph, tuple(fl.eqns), fl.consts, out_tree_box[0])
+    return Traced(graph, eqns, fl.consts, out_tree_box[0])
+
+
+def _live_eqns(eqns: Sequence[Eqn], outputs: Sequence[ir.Atom]) -> tuple[Eqn, ...]:
+    """The equations that outputs depend on, and those with effects. Inlined bodies leave dead code
+    (a vjp computes tangents nobody reads, e.g. reduce_max's argmax mask), which XLA would remove but
+    which would otherwise cost a stitched kernel a reduction."""
+    needed = {a.id for a in outputs if isinstance(a, ir.Value)}
+    kept = []
+    for e in reversed(eqns):
+        if e.effectful or any(o.id in needed for o in e.outputs):
+            kept.append(e)
+            needed.update(a.id for a in e.inputs if isinstance(a, ir.Value))
+    return tuple(reversed(kept))
 
 
 def aval_of(v: ir.Value):
