@@ -13,9 +13,11 @@ Kernel counts come from each executable's optimized HLO (`count_kernels`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -203,17 +205,43 @@ def stitch_jit():
     return getattr(jaxstitch, "jit", None)
 
 
-def bench_one(workload, dtype_name, quick, reps, bandwidth, stitch) -> dict:
-    """Times jax.jit and jaxstitch.jit of one workload; returns a row of numbers."""
+@contextlib.contextmanager
+def _tuned(spec: str | None):
+    """JAXSTITCH_TUNE=spec inside the block."""
+    old = os.environ.get("JAXSTITCH_TUNE")
+    if spec is not None:
+        os.environ["JAXSTITCH_TUNE"] = spec
+    try:
+        yield
+    finally:
+        if spec is not None:
+            if old is None:
+                os.environ.pop("JAXSTITCH_TUNE")
+            else:
+                os.environ["JAXSTITCH_TUNE"] = old
+
+
+def bench_one(workload, dtype_name, quick, reps, bandwidth, stitch, tunings=()) -> dict:
+    """Times jax.jit and jaxstitch.jit of one workload; returns a row of numbers. Each of `tunings`
+    (JAXSTITCH_TUNE specs) adds a stitched variant timed in the same interleaved repeats."""
     args = workload.make_inputs(jax.random.key(0), DTYPES[dtype_name], quick)
     xla_f, stitch_f = jax.jit(workload.fn), stitch(workload.fn)
     want = jax.block_until_ready(xla_f(*args))
     got = jax.block_until_ready(stitch_f(*args))
+    variants = []
+    for spec in tunings:
+        with _tuned(spec):  # jaxstitch.jit reads its configuration when it is made
+            f = stitch(workload.fn)
+            variant_err = max_rel_err(jax.block_until_ready(f(*args)), want)
+        variants.append((spec, f, variant_err))
     moved = tree_bytes(args) + tree_bytes(want)
     inner = pick_inner(xla_f, args)
-    xla_us, stitch_us = time_fns([xla_f, stitch_f], args, reps, inner)
+    xla_us, stitch_us, *variant_us = time_fns([xla_f, stitch_f] + [f for _, f, _ in variants], args,
+                                              reps, inner)
     ideal_us = moved / bandwidth * 1e6
     return {
+        "variants": [{"tune": spec, "stitch_us": us, "max_rel_err": err}
+                     for (spec, _, err), us in zip(variants, variant_us)],
         "workload": workload.name, "dtype": dtype_name,
         "shape": list(workload.shape(quick)), "bytes": moved, "inner": inner, "reps": reps,
         "jit_us": xla_us, "stitch_us": stitch_us, "speedup": xla_us / stitch_us,
@@ -263,6 +291,19 @@ def format_table(rows, meta) -> str:
     return "\n".join(lines)
 
 
+def format_variants(rows) -> str:
+    """Per workload: the default plan's time and each tuning variant's, as a speedup over the default."""
+    lines = ["tuning variants (µs; x = default / variant, >1 means the variant is faster)"]
+    for r in rows:
+        if "error" in r:
+            continue
+        cells = [f"{v['tune']}: {v['stitch_us']:.1f} ({r['stitch_us'] / v['stitch_us']:.2f}x"
+                 + (", ERR %.1e" % v["max_rel_err"] if v["max_rel_err"] > 1e-2 else "") + ")"
+                 for v in r["variants"]]
+        lines.append(f"  {r['workload']} {r['dtype']}: default {r['stitch_us']:.1f} | " + " | ".join(cells))
+    return "\n".join(lines)
+
+
 def format_markdown(rows, meta) -> str:
     def line(c):
         return "| " + " | ".join(c + [""] * (len(COLUMNS) - len(c))) + " |"
@@ -286,6 +327,8 @@ def parse_args(argv=None):
     p.add_argument("--json", metavar="PATH", help="write every number to this JSON file")
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     p.add_argument("--reps", type=int, help="timed repeats per function (default 20; quick 5)")
+    p.add_argument("--tune", nargs="+", metavar="SPEC", default=[],
+                   help='also time stitched variants planned with JAXSTITCH_TUNE=SPEC, e.g. "elems=16,max_tpr=64"')
     return p.parse_args(argv)
 
 
@@ -310,7 +353,7 @@ def main(argv=None) -> int:
     for name in names:
         for dtype_name in dtypes:
             try:
-                row = bench_one(WORKLOADS[name], dtype_name, args.quick, reps, bandwidth, stitch)
+                row = bench_one(WORKLOADS[name], dtype_name, args.quick, reps, bandwidth, stitch, args.tune)
             except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
                 traceback.print_exc()
                 row = {"workload": name, "dtype": dtype_name, "error": f"{type(e).__name__}: {e}"}
@@ -319,6 +362,9 @@ def main(argv=None) -> int:
 
     print()
     print(format_table(rows, meta))
+    if args.tune:
+        print()
+        print(format_variants(rows))
     if args.markdown:
         print()
         print(format_markdown(rows, meta))

@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from .plan.mapping import Tuning
+
 
 @dataclasses.dataclass(frozen=True)
 class Config:
@@ -11,7 +13,7 @@ class Config:
     dump_dir: str | None    # JAXSTITCH_DUMP_DIR: write each region's .cu, plan and report there
     cache_dir: str          # JAXSTITCH_CACHE_DIR: compiled cubins (default: the user cache directory)
     poison: bool            # JAXSTITCH_POISON=1: fill kernel outputs with NaN bytes before each launch
-    max_threads_per_row: int  # JAXSTITCH_MAX_THREADS_PER_ROW: cap on the thread mapping (tuning; 1024)
+    tuning: Tuning          # JAXSTITCH_TUNE="max_tpr=128,elems=16,...": mapping overrides (experiments)
 
 
 def _flag(value: str | None) -> bool:
@@ -26,14 +28,12 @@ def load() -> Config:
         dump_dir=env.get("JAXSTITCH_DUMP_DIR") or None,
         cache_dir=env.get("JAXSTITCH_CACHE_DIR") or default_cache,
         poison=_flag(env.get("JAXSTITCH_POISON")),
-        max_threads_per_row=_max_tpr(env.get("JAXSTITCH_MAX_THREADS_PER_ROW")),
+        tuning=_tuning(env.get("JAXSTITCH_TUNE", "")),
     )
 
 
-def _max_tpr(value: str | None) -> int:
-    if not value:
-        return 1024
-    n = int(value)
-    if n < 1 or n > 1024 or n & (n - 1):
-        raise ValueError(f"JAXSTITCH_MAX_THREADS_PER_ROW={value!r}: must be a power of two from 1 to 1024")
-    return n
+def _tuning(spec: str) -> Tuning:
+    try:
+        return Tuning.parse(spec)
+    except ValueError as e:
+        raise ValueError(f"JAXSTITCH_TUNE={spec!r}: {e}") from None

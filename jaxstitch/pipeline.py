@@ -48,10 +48,10 @@ def compile_region(region, target: Target, cfg: Config) -> Compiled:
     """Plan, render and compile; a kernel that spills is planned again with the register cap of its
     launch bounds lifted, then with fewer threads per row (more registers each)."""
     compiled = None
-    tprs = [t for t in (1024, 512, 256) if t <= cfg.max_threads_per_row] or [cfg.max_threads_per_row]
-    for max_tpr in tprs:
+    cap = cfg.tuning.max_tpr
+    for max_tpr in [t for t in (1024, 512, 256) if t <= cap] or [cap]:
         for relaxed in (False, True):
-            plan = plan_region(region, target, max_tpr, relaxed)
+            plan = plan_region(region, target, dataclasses.replace(cfg.tuning, max_tpr=max_tpr), relaxed)
             if compiled is not None and (plan.kernel is None or plan.kernel.mapping == compiled.plan.kernel.mapping):
                 continue  # nothing new to try here
             compiled = _compile_plan(plan, target, cfg)

@@ -30,6 +30,42 @@ SMEM_PER_BLOCK_SYSTEM = 1024    # what the hardware reserves per resident block 
 
 
 @dataclasses.dataclass(frozen=True)
+class Tuning:
+    """Overrides of the mapping heuristics (`JAXSTITCH_TUNE`), for measuring alternatives on a GPU.
+
+    None keeps the heuristic. `elems`: elements of a row per thread and live array (a power of two);
+    `min_threads`: threads per SM the launch bounds leave registers for; `stages`: 0, 1 or 2 async
+    staging buffers for rows that fit in registers."""
+
+    max_tpr: int = 1024
+    elems: int | None = None
+    min_threads: int = MIN_THREADS_PER_SM
+    stages: int | None = None
+
+    FIELDS = ("max_tpr", "elems", "min_threads", "stages")
+
+    @classmethod
+    def parse(cls, spec: str) -> "Tuning":
+        """`"max_tpr=128,elems=16"` -> Tuning; raises ValueError naming the bad item."""
+        values = {}
+        for item in filter(None, (s.strip() for s in spec.split(","))):
+            name, _, value = item.partition("=")
+            if name not in cls.FIELDS or not value.strip().isdigit():
+                raise ValueError(f"{item!r}: expected NAME=INTEGER with NAME one of {', '.join(cls.FIELDS)}")
+            values[name] = int(value)
+        t = cls(**values)
+        for name in ("max_tpr", "elems"):
+            n = getattr(t, name)
+            if n is not None and (n < 1 or n > 1024 or n & (n - 1)):
+                raise ValueError(f"{name}={n}: must be a power of two from 1 to 1024")
+        if t.stages not in (None, 0, 1, 2):
+            raise ValueError(f"stages={t.stages}: must be 0, 1 or 2")
+        if not 32 <= t.min_threads <= 2048:
+            raise ValueError(f"min_threads={t.min_threads}: must be from 32 to 2048")
+        return t
+
+
+@dataclasses.dataclass(frozen=True)
 class Mapping:
     n_rows: int
     n_cols: int
@@ -77,7 +113,7 @@ def _async_copyable(vec: int, itemsizes) -> bool:
 
 
 def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_reduced: bool,
-           target: Target, max_tpr: int = 1024, stash_itemsizes: tuple[int, ...] = ()) -> Mapping:
+           target: Target, tuning: Tuning = Tuning(), stash_itemsizes: tuple[int, ...] = ()) -> Mapping:
     """`stash_itemsizes`: the item sizes of the row inputs (those a stash would keep)."""
     n, c = layout.n_rows, layout.n_cols
     wide = [p.value for p in layout.values if p.storage in (FULL, COL) and p.value in region_io]
@@ -86,7 +122,9 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
         vec //= 2
     # About 64 registers of held elements per thread leaves room for temporaries and 2-3 blocks per SM.
     budget = max(vec, 4, min(MAX_ELEMS_PER_THREAD, _pow2_at_least(64 // max(1, n_live_arrays) + 1) // 2))
-    tpr = min(max_tpr, _pow2_at_least(math.ceil(c / budget)))
+    if tuning.elems:
+        budget = max(vec, tuning.elems)
+    tpr = min(tuning.max_tpr, _pow2_at_least(math.ceil(c / budget)))
     tpr = max(1, min(tpr, _pow2_at_least(math.ceil(c / vec))))
     vpt = math.ceil(c / (tpr * vec))
     chunks = 1
@@ -111,6 +149,8 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
         stash = SHARED if stage <= room else GLOBAL
         # One stage: a second row buffer would halve the blocks a long row's SM holds.
         stages = 1 if stash == SHARED and copyable else 0
+    elif tuning.stages is not None:
+        stages = tuning.stages if copyable and stage * tuning.stages <= room else 0
     elif copyable and 2 * stage <= target.smem_per_sm // 4 - STATIC_SMEM_RESERVE:
         stages = 2  # a next-row buffer that still leaves room for 4 blocks per SM
     smem = stage * max(stages, 1) if stash == SHARED or stages else 0
@@ -123,6 +163,6 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     grid = max(1, min(groups, target.sm_count * per_sm))
     # Registers for enough resident threads; big blocks two per SM, so one computes while the other
     # waits at a barrier; never more blocks than shared memory holds.
-    min_blocks = min(per_sm, 2 if block >= 512 else max(1, MIN_THREADS_PER_SM // block))
+    min_blocks = min(per_sm, 2 if block >= 512 else max(1, tuning.min_threads // block))
     return Mapping(n, c, vec, tpr, vpt, rows_per_block, block, grid, grid_reduced, chunks, stash, smem,
                    stages, min_blocks)

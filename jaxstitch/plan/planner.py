@@ -78,10 +78,11 @@ def _live_arrays(region: Region, layout: Layout) -> int:
     return count
 
 
-def plan_region(region: Region, target: Target, max_tpr: int = 1024, relaxed: bool = False) -> RegionPlan:
-    """`max_tpr` caps threads per row and `relaxed` drops the register cap of the launch bounds: a
-    mapping whose kernel spills is planned again with more registers per thread, see
-    pipeline.compile_region."""
+def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = mapping_mod.Tuning(),
+                relaxed: bool = False) -> RegionPlan:
+    """`tuning` overrides the mapping heuristics (`tuning.max_tpr` caps threads per row); `relaxed`
+    drops the register cap of the launch bounds: a mapping whose kernel spills is planned again with
+    more registers per thread, see pipeline.compile_region."""
     try:
         layout = place(region)
         grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
@@ -89,7 +90,7 @@ def plan_region(region: Region, target: Target, max_tpr: int = 1024, relaxed: bo
             raise Unplannable("argmax/argmin over the whole grid")
         row_inputs = [v for v in region.inputs if layout.of(v).storage == FULL]
         mp = mapping_mod.choose(layout, list(region.inputs) + list(region.outputs),
-                                _live_arrays(region, layout), bool(grid_ops), target, max_tpr,
+                                _live_arrays(region, layout), bool(grid_ops), target, tuning,
                                 stash_itemsizes=tuple(v.itemsize for v in row_inputs))
         if relaxed:
             mp = dataclasses.replace(mp, min_blocks=1)
