@@ -49,23 +49,72 @@ template <> struct js_io<unsigned char> {
   static __device__ __forceinline__ unsigned char put(bool c) { return c ? 1 : 0; }
 };
 
-template <typename S, int V> struct alignas(sizeof(S) * V) js_vec { S v[V]; };
+// A vector of V elements of S moves as one access of its size (uint4 for 16 bytes), packed and
+// unpacked with shifts: a struct or union of V elements is copied element by element by the compiler,
+// which split 16-byte loads and stores into 2- and 4-byte ones.
+template <typename S> __device__ __forceinline__ unsigned int js_bits(S s);
+template <> __device__ __forceinline__ unsigned int js_bits(float s) { return __float_as_uint(s); }
+template <> __device__ __forceinline__ unsigned int js_bits(int s) { return (unsigned int)s; }
+template <> __device__ __forceinline__ unsigned int js_bits(js_bf16 s) { return s.bits; }
+template <> __device__ __forceinline__ unsigned int js_bits(js_f16 s) { return s.bits; }
+template <> __device__ __forceinline__ unsigned int js_bits(unsigned char s) { return s; }
+template <typename S> __device__ __forceinline__ S js_from_bits(unsigned int b);
+template <> __device__ __forceinline__ float js_from_bits(unsigned int b) { return __uint_as_float(b); }
+template <> __device__ __forceinline__ int js_from_bits(unsigned int b) { return (int)b; }
+template <> __device__ __forceinline__ js_bf16 js_from_bits(unsigned int b) { js_bf16 r; r.bits = (unsigned short)b; return r; }
+template <> __device__ __forceinline__ js_f16 js_from_bits(unsigned int b) { js_f16 r; r.bits = (unsigned short)b; return r; }
+template <> __device__ __forceinline__ unsigned char js_from_bits(unsigned int b) { return (unsigned char)b; }
+
+template <int WORDS> __device__ __forceinline__ void js_read_words(const void* p, unsigned int* w) {
+  if constexpr (WORDS == 4) { uint4 x = *reinterpret_cast<const uint4*>(p); w[0] = x.x; w[1] = x.y; w[2] = x.z; w[3] = x.w; }
+  else if constexpr (WORDS == 2) { uint2 x = *reinterpret_cast<const uint2*>(p); w[0] = x.x; w[1] = x.y; }
+  else { w[0] = *reinterpret_cast<const unsigned int*>(p); }
+}
+template <int WORDS> __device__ __forceinline__ void js_write_words(void* p, const unsigned int* w) {
+  if constexpr (WORDS == 4) *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  else if constexpr (WORDS == 2) *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  else *reinterpret_cast<unsigned int*>(p) = w[0];
+}
+// As js_write_words to global memory, as one instruction: NVVM split the uint4 store above into four
+// 4-byte stores in some kernels (layer norm's), a quarter of the bytes per store instruction.
+template <int WORDS> __device__ __forceinline__ void js_write_words_global(void* p, const unsigned int* w) {
+  if constexpr (WORDS == 4)
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+  else if constexpr (WORDS == 2)
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" :: "l"(p), "r"(w[0]), "r"(w[1]) : "memory");
+  else
+    asm volatile("st.global.b32 [%0], %1;" :: "l"(p), "r"(w[0]) : "memory");
+}
 
 // Loads V contiguous elements (one vector access) and converts them to compute type.
 template <typename S, int V, typename C>
 __device__ __forceinline__ void js_load(const S* __restrict__ p, C* out) {
-  js_vec<S, V> x = *reinterpret_cast<const js_vec<S, V>*>(p);
+  constexpr int BYTES = V * (int)sizeof(S), PER = 4 / (int)sizeof(S);
+  if constexpr (BYTES >= 4) {
+    unsigned int w[BYTES / 4];
+    js_read_words<BYTES / 4>(p, w);
 #pragma unroll
-  for (int i = 0; i < V; ++i) out[i] = js_io<S>::get(x.v[i]);
+    for (int i = 0; i < V; ++i)
+      out[i] = js_io<S>::get(js_from_bits<S>(PER == 1 ? w[i] : w[i / PER] >> (8 * (int)sizeof(S) * (i % PER))));
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) out[i] = js_io<S>::get(p[i]);
+  }
 }
 
 // As js_load, and keeps a copy of the raw vector in `stash` (shared memory) for later phases.
 template <typename S, int V, typename C>
 __device__ __forceinline__ void js_load_stash(const S* __restrict__ p, S* __restrict__ stash, C* out) {
-  js_vec<S, V> x = *reinterpret_cast<const js_vec<S, V>*>(p);
-  *reinterpret_cast<js_vec<S, V>*>(stash) = x;
+  constexpr int BYTES = V * (int)sizeof(S);
+  if constexpr (BYTES >= 4) {
+    unsigned int w[BYTES / 4];
+    js_read_words<BYTES / 4>(p, w);
+    js_write_words<BYTES / 4>(stash, w);
+  } else {
 #pragma unroll
-  for (int i = 0; i < V; ++i) out[i] = js_io<S>::get(x.v[i]);
+    for (int i = 0; i < V; ++i) stash[i] = p[i];
+  }
+  js_load<S, V>(stash, out);
 }
 
 // Asynchronous copy of one vector (V elements of S) from global to shared memory (cp.async, sm_80+):
@@ -96,14 +145,25 @@ __device__ __forceinline__ void js_stage_wait() { asm volatile("cp.async.wait_gr
 
 template <typename S, int V, typename C>
 __device__ __forceinline__ void js_store(S* __restrict__ p, const C* in) {
-  js_vec<S, V> x;
+  constexpr int BYTES = V * (int)sizeof(S), PER = 4 / (int)sizeof(S);
+  if constexpr (BYTES >= 4) {
+    unsigned int w[BYTES / 4];
 #pragma unroll
-  for (int i = 0; i < V; ++i) x.v[i] = js_io<S>::put(in[i]);
-  *reinterpret_cast<js_vec<S, V>*>(p) = x;
+    for (int j = 0; j < BYTES / 4; ++j) {
+      w[j] = 0;
+#pragma unroll
+      for (int t = 0; t < PER; ++t) w[j] |= js_bits(js_io<S>::put(in[j * PER + t])) << (8 * (int)sizeof(S) * t);
+    }
+    js_write_words_global<BYTES / 4>(p, w);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V; ++i) p[i] = js_io<S>::put(in[i]);
+  }
 }
 
-template <typename T> __device__ __forceinline__ T js_max(T a, T b) { return (a > b || a != a) ? a : b; }
-template <typename T> __device__ __forceinline__ T js_min(T a, T b) { return (a < b || a != a) ? a : b; }
+// NaN-propagating float min/max in one instruction (sm_80+), like XLA's.
+__device__ __forceinline__ float js_max(float a, float b) { float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ float js_min(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 __device__ __forceinline__ int js_max(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ int js_min(int a, int b) { return a < b ? a : b; }
 __device__ __forceinline__ bool js_max(bool a, bool b) { return a || b; }

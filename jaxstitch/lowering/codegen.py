@@ -72,6 +72,10 @@ class _Kernel:
         # Per-chunk kinds: what a thread holds as E-element arrays, made again for every chunk of a row.
         self.per_chunk = (FULL, COL) if self.chunked else (FULL,)
         self.n_row_red = 0
+        # The js_red bank pairs of the row loop's reduction rounds, round r using bank r % 2: a bank
+        # is written again two rounds later, after the other round's barrier, so a round needs no
+        # barrier after its reads, except the last one of an odd count (see _drop_reuse_barriers).
+        self.red_rounds: list[tuple[_Writer, int]] = []
         # Rematerialization: a full-size value is kept in registers only within the phase that made
         # it; a later phase recomputes it from the loaded inputs, so the registers held across the
         # row reductions are just the inputs' (memory-bound kernels have ALU to spare).
@@ -80,6 +84,9 @@ class _Kernel:
         self.def_op: dict[int, ir.Op] = {}
         self.def_phase: dict[int, int] = {}
         self.copies: dict[tuple[int, int], str] = {}
+        # Values that are a float rounded to a half type: stored from the float itself, since the
+        # store rounds it the same way (one rounding instead of two).
+        self.rounded_from: dict[int, ir.Atom] = {}
 
     # ---- naming -------------------------------------------------------------------------------
     def root(self, vid: int) -> int:
@@ -131,7 +138,17 @@ class _Kernel:
         if name is None:
             name = f"v{out.id}"
             self.remember(op)
-        expr = EXPR[op.prim](op, [self.ref(a) for a in op.inputs])
+        args = [self.ref(a) for a in op.inputs]
+        if (op.prim == "div" and self.is_array(out) and self.ctype(out) == "float"
+                and not (isinstance(op.inputs[1], ir.Value) and self.is_array(op.inputs[1]))):
+            # XLA rewrites A / broadcast(B) into A * broadcast(1 / B): the same rounding, and one
+            # reciprocal per row instead of a division per element.
+            expr = f"({args[0]} * (1.0f / {args[1]}))"
+        else:
+            expr = EXPR[op.prim](op, args)
+        if (op.prim == "convert_element_type" and out.dtype in ("bfloat16", "float16")
+                and CTYPE[op.inputs[0].dtype] == "float"):
+            self.rounded_from[out.id] = op.inputs[0]
         if self.is_array(out):
             w(f"{self.ctype(out)} {name}[E];")
             w("#pragma unroll")
@@ -196,8 +213,9 @@ class _Kernel:
         w("for (int k = 0; k < VPT; ++k) {")
         w(f"  const int col0 = {vec_col('k')};")
         w(f"  if ({guard}col0 < N_COLS) {{")
-        w(f"    {self.ctype(v)} t[V];")
-        w("    for (int i = 0; i < V; ++i) { const int e = k * V + i; t[i] = " + self.ref(v) + "; }")
+        src = self.rounded_from.get(self.root(v.id), v)
+        w(f"    {self.ctype(src)} t[V];")
+        w("    for (int i = 0; i < V; ++i) { const int e = k * V + i; t[i] = " + self.ref(src) + "; }")
         w(f"    js_store<{st}, V>(out{out_index} + {base}col0, t);")
         w("  }")
         w("}")
@@ -262,28 +280,30 @@ class _Kernel:
             slots.append((op, kind))
         if self.m.tpr > 32:
             self.n_row_red = max(self.n_row_red, len(slots))
+            bank = len(self.red_rounds) % 2
             w("if ((tid & 31) == 0) {")
             for i, (op, kind) in enumerate(slots):
                 o = op.outputs[0].id
                 if kind == "arg":
-                    w(f"  js_red[{i}][row_in_block][lane >> 5] = p{o}; js_redi[{i}][row_in_block][lane >> 5] = q{o};")
+                    w(f"  js_red[{bank}][{i}][row_in_block][lane >> 5] = p{o}; js_redi[{bank}][{i}][row_in_block][lane >> 5] = q{o};")
                 elif kind == "int":
-                    w(f"  js_redi[{i}][row_in_block][lane >> 5] = p{o};")
+                    w(f"  js_redi[{bank}][{i}][row_in_block][lane >> 5] = p{o};")
                 else:
-                    w(f"  js_red[{i}][row_in_block][lane >> 5] = (float)p{o};")
+                    w(f"  js_red[{bank}][{i}][row_in_block][lane >> 5] = (float)p{o};")
             w("}")
             w("__syncthreads();")
             for i, (op, kind) in enumerate(slots):
                 o = op.outputs[0].id
                 if kind == "arg":
-                    w(f"p{o} = js_red[{i}][row_in_block][0]; q{o} = js_redi[{i}][row_in_block][0];")
-                    w(f"for (int j = 1; j < NWARPS_ROW; ++j) js_arg_combine<{ARG_REDUCE[op.prim]}>(p{o}, q{o}, js_red[{i}][row_in_block][j], js_redi[{i}][row_in_block][j]);")
+                    w(f"p{o} = js_red[{bank}][{i}][row_in_block][0]; q{o} = js_redi[{bank}][{i}][row_in_block][0];")
+                    w(f"for (int j = 1; j < NWARPS_ROW; ++j) js_arg_combine<{ARG_REDUCE[op.prim]}>(p{o}, q{o}, js_red[{bank}][{i}][row_in_block][j], js_redi[{bank}][{i}][row_in_block][j]);")
                 else:
                     fn = REDUCE[op.prim][0]
                     arr = "js_redi" if kind == "int" else "js_red"
-                    w(f"p{o} = {arr}[{i}][row_in_block][0];")
-                    w(f"for (int j = 1; j < NWARPS_ROW; ++j) p{o} = {fn}(p{o}, ({kind}){arr}[{i}][row_in_block][j]);")
-            w("__syncthreads();")
+                    w(f"p{o} = {arr}[{bank}][{i}][row_in_block][0];")
+                    w(f"for (int j = 1; j < NWARPS_ROW; ++j) p{o} = {fn}(p{o}, ({kind}){arr}[{bank}][{i}][row_in_block][j]);")
+            self.red_rounds.append((w, len(w.lines)))
+            w("__syncthreads();  // before js_red's bank is written again")
         for op, kind in slots:
             o = op.outputs[0]
             w(f"const {self.ctype(o)} v{o.id} = {'q' if kind == 'arg' else 'p'}{o.id};")
@@ -450,12 +470,13 @@ def render(plan: KernelPlan) -> Source:
                 k.grid_accumulate(body, op)
     if m.stages == 2:
         body("js_buf ^= 1;")
+    _drop_reuse_barriers(k, loop_top_barrier=m.stages == 2)
 
     k.phase = None
     shared = _Writer(1)
     if m.tpr > 32 and k.n_row_red:
-        shared(f"__shared__ float js_red[{k.n_row_red}][RPB][NWARPS_ROW];")
-        shared(f"__shared__ int js_redi[{k.n_row_red}][RPB][NWARPS_ROW];")
+        shared(f"__shared__ float js_red[2][{k.n_row_red}][RPB][NWARPS_ROW];")
+        shared(f"__shared__ int js_redi[2][{k.n_row_red}][RPB][NWARPS_ROW];")
     if m.smem_bytes:
         shared("extern __shared__ __align__(16) unsigned char js_dyn[];")
     if grid_ops:
@@ -469,6 +490,18 @@ def render(plan: KernelPlan) -> Source:
         name=KERNEL_NAME, params=", ".join(params), shared=shared.text(), prologue=pro.text(),
         body=body.text(), epilogue=epi.text())
     return Source(code, KERNEL_NAME, tuple(params))
+
+
+def _drop_reuse_barriers(k: _Kernel, loop_top_barrier: bool):
+    """Removes the barriers after reduction rounds whose bank the next writer reaches only past
+    another barrier: every round's but the last, and the last's too when the rounds per row are even
+    (the next row's first round uses the other bank) or the row loop starts with a barrier."""
+    n = len(k.red_rounds)
+    for r, (w, at) in enumerate(k.red_rounds):
+        if r < n - 1 or n % 2 == 0 or loop_top_barrier:
+            w.lines[at] = None
+    for w in {id(w): w for w, _ in k.red_rounds}.values():
+        w.lines[:] = [line for line in w.lines if line is not None]
 
 
 def _stash_ptr(k: _Kernel, v: ir.Value, offset: int) -> str:
