@@ -382,6 +382,11 @@ class _Builder:
         mb = abs(b[1]) if isinstance(b, tuple) else self.vals[b]["mag"]
         err = {"add": ea + eb, "sub": ea + eb, "mul": ma * eb + mb * ea + ea * eb,
                "div_1p_abs": ea + ma * eb, "max": max(ea, eb), "min": max(ea, eb)}[name]
+        db = None if isinstance(b, tuple) else self.vals[b]["dtype"]
+        if name == "div_1p_abs" and db in HALF_ULP:
+            # 1 + |b| is computed in b's half type: a rounding XLA may do and a kernel may skip.
+            err += ma * HALF_ULP[db]
+            self.lossy = coarser(self.lossy, db)
         dst = self.new(kind, dtype, mag, err=err)
         return self.emit(dst, "binary", name, a, b)
 
