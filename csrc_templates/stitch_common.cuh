@@ -173,6 +173,23 @@ __device__ __forceinline__ int js_sign(int a) { return (a > 0) - (a < 0); }
 __device__ __forceinline__ int js_f2i(float a) {
   return a != a ? 0 : (a >= 2147483648.f ? JS_INT_MAX : (a <= -2147483648.f ? JS_INT_MIN : (int)a));
 }
+// Float division as XLA does it on NVIDIA GPUs: div.full.f32, a full-range approximation (2 ulp):
+// the operands scaled by 1/4 when |b| > 2^126, or by 2^24 when b is subnormal, then a * rcp(b).
+__device__ __forceinline__ float js_div(float a, float b) {
+  float r; asm("div.full.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r;
+}
+// The same split in two, for the E elements a of a row over one b: the scale and the reciprocal
+// once per row (the compiler hoists them: the asm is pure), a multiply or two per element.
+__device__ __forceinline__ float js_div_scale(float b) {
+  const float m = fabsf(b);
+  return m > 8.50705917e37f ? 0.25f : (m < 1.17549435e-38f ? 16777216.f : 1.f);
+}
+__device__ __forceinline__ float js_div_rcp(float b) {
+  float r; asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b * js_div_scale(b))); return r;
+}
+__device__ __forceinline__ float js_div_by(float a, float b) {
+  return (a * js_div_scale(b)) * js_div_rcp(b);
+}
 __device__ __forceinline__ float js_logistic(float a) { return 1.f / (1.f + expf(-a)); }
 __device__ __forceinline__ float js_ipow(float x, int n) {
   float r = 1.f; float b = n < 0 ? 1.f / x : x; int m = n < 0 ? -n : n;

@@ -303,26 +303,29 @@ def test_grid_sums_broadcast_as_outputs(shape):
         compare(a, b, f"{what} output {i}")
 
 
-def divide_rows(x, s):
-    """Every element of a row over one divisor. XLA rewrites A / broadcast(B) into
-    A * broadcast(1 / B); the kernel does the same (one reciprocal per row) and must round the same."""
-    return x / s[:, None], jnp.sum(x, axis=-1)
+def divide_rows(x, y, s):
+    """Divisions of the two kinds a kernel has: element by element, and every element of a row over
+    one divisor (whose reciprocal the kernel computes once per row). Both must round as XLA's."""
+    return x / y, x / s[:, None], jnp.sum(x, axis=-1)
 
 
-def test_division_by_a_row_value_rounds_like_xla():
+def test_divisions_round_like_xla():
     seed = (RUN_SEED + zlib.crc32(b"divide_rows")) % (1 << 63)
     rng = np.random.default_rng(seed)
     n, c = 512, 1000
-    # Magnitudes over the whole float range (subnormal, huge, zero, inf results), and ordinary rows.
-    x = rng.standard_normal((n, c)) * np.exp2(rng.integers(-140, 127, (n, c)).astype(np.float64))
-    x[: n // 2] = rng.standard_normal((n // 2, c))
+
+    def wide(shape, lo, hi):  # magnitudes over much of the float range, subnormals and overflow too
+        return rng.standard_normal(shape) * np.exp2(rng.integers(lo, hi, shape).astype(np.float64))
+
+    x, y, s = wide((n, c), -140, 127), wide((n, c), -140, 127), wide(n, -70, 70)
+    x[: n // 2], y[: n // 2] = rng.standard_normal((n // 2, c)), rng.standard_normal((n // 2, c))
     x[n // 2, 0], x[n // 2 + 1, 1], x[n // 2 + 2, 2] = 0.0, np.inf, -0.0
-    s = rng.standard_normal(n) * np.exp2(rng.integers(-70, 70, n).astype(np.float64))
-    s[0], s[1] = 3.0, 1e-40  # a subnormal divisor
-    x, s = jnp.asarray(x, jnp.float32), jnp.asarray(s, jnp.float32)
+    s[0], s[1], s[2] = 3.0, 1e-40, 3e38  # a subnormal divisor, and one above 2^126
+    x, y, s = (jnp.asarray(a, jnp.float32) for a in (x, y, s))
     what = _msg("divide_rows", seed)
-    want = jax.jit(divide_rows)(x, s)
+    want = jax.jit(divide_rows)(x, y, s)
     with force_stitching():
-        assert jaxstitch.explain(divide_rows, x, s).stitched_kernels == 1
-        _, got = run_stitched(divide_rows, (x, s), what)
-    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]), err_msg=what)
+        assert jaxstitch.explain(divide_rows, x, y, s).stitched_kernels == 1
+        _, got = run_stitched(divide_rows, (x, y, s), what)
+    for i in range(2):
+        np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(want[i]), err_msg=f"{what} output {i}")

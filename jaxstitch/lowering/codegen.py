@@ -141,9 +141,8 @@ class _Kernel:
         args = [self.ref(a) for a in op.inputs]
         if (op.prim == "div" and self.is_array(out) and self.ctype(out) == "float"
                 and not (isinstance(op.inputs[1], ir.Value) and self.is_array(op.inputs[1]))):
-            # XLA rewrites A / broadcast(B) into A * broadcast(1 / B): the same rounding, and one
-            # reciprocal per row instead of a division per element.
-            expr = f"({args[0]} * (1.0f / {args[1]}))"
+            # One divisor for the whole row: its reciprocal once (js_div_by rounds as js_div does).
+            expr = f"js_div_by({args[0]}, {args[1]})"
         else:
             expr = EXPR[op.prim](op, args)
         if (op.prim == "convert_element_type" and out.dtype in ("bfloat16", "float16")
@@ -547,6 +546,9 @@ def _stage_rows(k: _Kernel, w: _Writer, stash: dict[int, int], base: str):
     w("}")
 
 
+COL_GROUP = 8  # columns a block finishes together: one 32-byte sector of a row of float partials
+
+
 def _epilogue(k: _Kernel, w: _Writer, shared: _Writer, grid_ops, epi_ops):
     """Grid-wide reductions: block partials to the workspace, one barrier, then every block finishes
     a slice of the columns (and every block the scalars), summing partials in a fixed order."""
@@ -610,12 +612,28 @@ def _epilogue(k: _Kernel, w: _Writer, shared: _Writer, grid_ops, epi_ops):
         w(f"for (long long i = (long long)blockIdx.x * BLOCK + tid; i < {v.size}LL; i += (long long)gridDim.x * BLOCK) "
           f"out{j}[i] = js_io<{STYPE[v.dtype]}>::put({k.ref(v)});")
     if col_ops:
-        w("for (int c = blockIdx.x * BLOCK + tid; c < N_COLS; c += gridDim.x * BLOCK) {")
+        # A block finishes a group of COL_GROUP columns (one 32-byte sector of a partials row): its
+        # threads stride over the blocks' partials rows, then combine in a fixed tree (lanes, then
+        # warps through shared memory), so every block of the grid reads at once and the order is fixed.
+        shared(f"__shared__ float js_colred[{len(col_ops)}][BLOCK / 32][{COL_GROUP}];")
+        w(f"for (int cg = blockIdx.x * {COL_GROUP}; cg < N_COLS; cg += gridDim.x * {COL_GROUP}) {{")
         inner = _Writer(w.indent + 1)
-        for op in col_ops:
+        inner(f"const int c = cg + tid % {COL_GROUP};")
+        for i, op in enumerate(col_ops):
             o, fn = op.outputs[0].id, REDUCE[op.prim][0]
-            inner(f"float v{o} = {REDUCE[op.prim][1]['float']};")
-            inner(f"for (int b = 0; b < gridDim.x; ++b) v{o} = {fn}(v{o}, js_ws[{offsets[o]} + (long long)b * N_COLS + c]);")
+            ident = REDUCE[op.prim][1]['float']
+            inner(f"float v{o} = {ident};")
+            inner(f"if (c < N_COLS) for (int b = tid / {COL_GROUP}; b < gridDim.x; b += BLOCK / {COL_GROUP}) "
+                  f"v{o} = {fn}(v{o}, js_ws[{offsets[o]} + (long long)b * N_COLS + c]);")
+            inner(f"for (int d = {COL_GROUP}; d < 32; d *= 2) v{o} = {fn}(v{o}, __shfl_xor_sync(0xffffffffu, v{o}, d));")
+            inner(f"if ((tid & 31) < {COL_GROUP}) js_colred[{i}][tid >> 5][tid & 31] = v{o};")
+        inner("__syncthreads();")
+        for i, op in enumerate(col_ops):
+            o, fn = op.outputs[0].id, REDUCE[op.prim][0]
+            inner(f"v{o} = js_colred[{i}][0][tid % {COL_GROUP}];")
+            inner(f"for (int j = 1; j < BLOCK / 32; ++j) v{o} = {fn}(v{o}, js_colred[{i}][j][tid % {COL_GROUP}]);")
+        inner("__syncthreads();  // before js_colred is written again")
+        inner(f"if (tid >= {COL_GROUP} || c >= N_COLS) continue;")
         for op in col_epi:
             k.emit_op(inner, op)
         for j, v in enumerate(k.outputs):

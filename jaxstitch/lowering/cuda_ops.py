@@ -98,7 +98,7 @@ EXPR = {
     "convert_element_type": _convert,
     "add": lambda op, a: f"({a[0]} + {a[1]})", "add_any": lambda op, a: f"({a[0]} + {a[1]})",
     "sub": lambda op, a: f"({a[0]} - {a[1]})", "mul": lambda op, a: f"({a[0]} * {a[1]})",
-    "div": lambda op, a: f"({a[0]} / {a[1]})",
+    "div": _by_ctype("js_div({0}, {1})", "({0} / {1})"),
     "rem": _by_ctype("fmodf({0}, {1})", "({0} % {1})"),
     "pow": lambda op, a: f"powf({a[0]}, {a[1]})",
     "max": lambda op, a: f"js_max({a[0]}, {a[1]})", "min": lambda op, a: f"js_min({a[0]}, {a[1]})",
