@@ -70,6 +70,13 @@ def bias_gelu_dropout(x, bias, key, rate=DROPOUT_RATE):
     return jnp.where(keep, h / (1.0 - rate), 0).astype(x.dtype)
 
 
+def bias_gelu_bwd(x, bias, dy):
+    """Backward of gelu(x + bias) (exact erf GELU): dx and the bias gradient, a column reduction
+    over every row."""
+    _, vjp = jax.vjp(lambda x, b: jax.nn.gelu(x + b, approximate=False), x, bias)
+    return vjp(dy)
+
+
 def fig7_chain(x, w):
     """AStitch Fig. 7-like chain: a reduction and an expensive elementwise op both feed broadcasts."""
     c = x.shape[-1]
@@ -151,6 +158,11 @@ def _bias_gelu_dropout_inputs(key, dtype, n, h):
     return _normal(kx, (n, h), dtype), _normal(kb, (h,), dtype, 0.1), _raw_key(key)
 
 
+def _bias_gelu_bwd_inputs(key, dtype, n, c):
+    kx, kb, kd = jax.random.split(key, 3)
+    return _normal(kx, (n, c), dtype), _normal(kb, (c,), dtype, 0.1), _normal(kd, (n, c), dtype)
+
+
 def _fig7_inputs(key, dtype, n, c):
     kx, kw = jax.random.split(key)
     return _normal(kx, (n, c), dtype), _normal(kw, (c,), dtype, 0.5, 1.0)
@@ -193,6 +205,16 @@ _SUITE = (
     _workload("bias_gelu_dropout", bias_gelu_dropout, _bias_gelu_dropout_inputs,
               (16384, 4096), (1024, 1024)),
     _workload("fig7_chain", fig7_chain, _fig7_inputs, (32768, 2048), (1024, 1024)),
+    # Irregular shapes (AStitch's thread-mapping cases): a few very long rows, very many short rows,
+    # column reductions over many rows with 1k and with 16 columns.
+    _workload("softmax_fwdbwd_long", softmax_fwdbwd, partial(_rows_inputs, count=2),
+              (32, 262144), (4, 16384)),
+    _workload("softmax_fwdbwd_short", softmax_fwdbwd, partial(_rows_inputs, count=2),
+              (524288, 64), (4096, 64)),
+    _workload("layernorm_fwdbwd_short", layernorm_fwdbwd, partial(_layernorm_inputs, with_dy=True),
+              (262144, 64), (4096, 64)),
+    _workload("bias_gelu_bwd", bias_gelu_bwd, _bias_gelu_bwd_inputs, (16384, 1024), (1024, 1024)),
+    _workload("bias_gelu_bwd_narrow", bias_gelu_bwd, _bias_gelu_bwd_inputs, (1 << 20, 16), (16384, 16)),
 )
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _SUITE}

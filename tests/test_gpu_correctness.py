@@ -45,6 +45,11 @@ ODD_SHAPES = {
     "xent_fwdbwd": (1007, 32000),
     "bias_gelu_dropout": (1007, 1023),
     "fig7_chain": (1007, 2047),
+    "softmax_fwdbwd_long": (3, 20001),
+    "softmax_fwdbwd_short": (4099, 63),
+    "layernorm_fwdbwd_short": (4099, 61),
+    "bias_gelu_bwd": (1007, 1021),
+    "bias_gelu_bwd_narrow": (16411, 15),
 }
 
 # Expected stitched kernels at the quick shapes (as in test_pipeline_cpu.py), with the known bugs that

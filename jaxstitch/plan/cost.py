@@ -20,6 +20,10 @@ XLA_EFFICIENCY = 0.85
 # the regions we win on are estimated at 3.5x and more), so a smaller predicted gain is noise.
 MIN_GAIN = 1.5
 L2_SPEEDUP = 2.0             # re-reads of a chunked row served by L2, relative to HBM
+# One SM alone draws somewhat more than its even share of HBM bandwidth: a grid on k of the target's
+# S SMs gets min(1, SM_OVERDRIVE * k / S) of it (H200, softmax fwd+bwd over 32 rows of 256k on 32
+# SMs: 25% of the roofline, where 1.0 * 32 / 132 predicts 24%; 1.5 keeps the estimate on our side).
+SM_OVERDRIVE = 1.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,8 +46,9 @@ def _nbytes(p, layout: Layout) -> int:
 
 
 def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
-             cooperative: bool, target: Target, rereads: bool = False) -> Estimate:
-    """`rereads`: phases after the first read their row inputs again from global memory (L2)."""
+             cooperative: bool, target: Target, rereads: bool = False, busy_sms: int | None = None) -> Estimate:
+    """`rereads`: phases after the first read their row inputs again from global memory (L2);
+    `busy_sms`: the SMs our grid occupies (fewer than the target has when there are few rows)."""
     bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
     io = [layout.of(v) for v in inputs] + [layout.of(v) for v in outputs]
     must_move = sum(_nbytes(p, layout) for p in io)
@@ -54,6 +59,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     row_levels = max((p.level for p in layout.values if p.level != EPILOGUE), default=0)
     if rereads:
         ours += row_levels * full_in / (bw * L2_SPEEDUP)
+    if busy_sms is not None:
+        ours /= min(1.0, SM_OVERDRIVE * busy_sms / target.sm_count)
     n_full_out = sum(1 for v in outputs if layout.of(v).declared == FULL)
     f32_full = layout.n_rows * layout.n_cols * 4
     if row_levels == 0 and n_grid_reductions == 0:

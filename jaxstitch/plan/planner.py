@@ -108,11 +108,16 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash))
     except Unplannable as e:
         return RegionPlan(region, None, None, str(e))
+    busy_sms = min(target.sm_count, mp.grid)
     est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, mp.cooperative, target,
-                        rereads=mp.stash == mapping_mod.GLOBAL)
+                        rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms)
     reason = None
     if est.xla_kernels == 1 or est.speedup < cost.MIN_GAIN:
-        if est.xla_kernels == 1:
+        if est.speedup < cost.MIN_GAIN and busy_sms < target.sm_count:
+            reason = (f"only {busy_sms} of {target.sm_count} SMs would have work ({mp.n_rows} rows, "
+                      f"{mp.rows_per_block} per block; rows split over blocks are not implemented yet): "
+                      f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
+        elif est.xla_kernels == 1:
             reason = (f"XLA already runs this as one kernel (est. {est.xla_us:.1f} us vs {est.us:.1f} us "
                       "stitched): nothing to gain")
         else:
