@@ -174,22 +174,23 @@ def _fig7_inputs(key, dtype, n, c):
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """A benchmark case. `full_shape` / `quick_shape` are the main [rows, cols] array's shape."""
+    """A benchmark case. `full_shape` / `quick_shape` are the main [rows, cols] array's shape;
+    `draw(key, dtype, rows, cols)` draws the inputs for any such shape."""
     name: str
     fn: Callable
-    make_inputs: Callable  # (key, dtype, quick: bool) -> tuple of arrays
+    draw: Callable
     full_shape: tuple
     quick_shape: tuple
 
     def shape(self, quick: bool) -> tuple:
         return self.quick_shape if quick else self.full_shape
 
+    def make_inputs(self, key, dtype, quick: bool) -> tuple:
+        return self.draw(key, dtype, *self.shape(quick))
+
 
 def _workload(name, fn, draw, full_shape, quick_shape):
-    """`draw(key, dtype, rows, cols)` draws the inputs for the main array's shape."""
-    def make_inputs(key, dtype, quick: bool) -> tuple:
-        return draw(key, dtype, *(quick_shape if quick else full_shape))
-    return Workload(name, fn, make_inputs, full_shape, quick_shape)
+    return Workload(name, fn, draw, full_shape, quick_shape)
 
 
 _SUITE = (

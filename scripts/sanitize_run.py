@@ -1,0 +1,44 @@
+"""Every suite workload (quick shapes, plus long and odd shapes) stitched once: a short program for
+compute-sanitizer, whose memcheck / racecheck / synccheck then see every kind of kernel we generate
+(register rows, shared-memory reductions, async staging, shared and global stashes, grid barriers).
+
+    compute-sanitizer --tool racecheck --kernel-name regex:jaxstitch python3 scripts/sanitize_run.py
+
+Regions are stitched even where the cost model would leave them to XLA. Exit status 1 if a result
+differs from jax.jit (the sanitizer's own findings are in its report).
+"""
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+import jaxstitch  # noqa: E402
+from jaxstitch.workloads import WORKLOADS  # noqa: E402
+from strategies import force_stitching  # noqa: E402
+
+EXTRA = [("softmax_fwdbwd", (5, 40000)), ("xent_fwdbwd", (64, 32000)), ("layernorm_fwdbwd", (37, 1021))]
+
+cases = [(name, tuple(w.quick_shape)) for name, w in WORKLOADS.items()] + EXTRA
+if len(sys.argv) > 1:  # a slice "START:STOP" of the cases (a crash of the tool then loses less)
+    start, _, stop = sys.argv[1].partition(":")
+    cases = cases[int(start or 0):int(stop) if stop else None]
+bad = 0
+with force_stitching():
+    for name, shape in cases:
+        for dtype in (jnp.float32, jnp.bfloat16):
+            w = WORKLOADS[name]
+            args = w.draw(jax.random.key(1), dtype, *shape)
+            got = jax.block_until_ready(jaxstitch.jit(w.fn)(*args))
+            want = jax.block_until_ready(jax.jit(w.fn)(*args))
+            err = max(float(np.max(np.abs(np.asarray(g, np.float32) - np.asarray(x, np.float32))))
+                      / max(float(np.max(np.abs(np.asarray(x, np.float32)))), 1e-30)
+                      for g, x in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+            n = jaxstitch.explain(w.fn, *args).stitched_kernels
+            ok = np.isfinite(err) and err < (1e-4 if dtype == jnp.float32 else 2e-2)
+            bad += not ok
+            print(f"{'ok ' if ok else 'BAD'} {name} {jnp.dtype(dtype).name} {shape}: {n} stitched, max err {err:.2g} of max |jax.jit|",
+                  flush=True)
+sys.exit(1 if bad else 0)
