@@ -15,10 +15,16 @@ from .layout import COL, EPILOGUE, FULL, ROW, Layout
 OUR_EFFICIENCY = 0.9        # fraction of copy bandwidth a register-resident row kernel reaches
 XLA_ONE_PASS_EFFICIENCY = 0.85  # XLA's single-kernel row reductions (measured 75-88% on H200)
 XLA_EFFICIENCY = 0.85
-# Stitch only when the estimate wins by at least this much: the XLA side of the model is coarse (RMSNorm
-# with residual, backward, H200: estimated 1.2x / 1.34x for float32 / bfloat16, measured 0.89-1.14x;
-# the regions we win on are estimated at 3.5x and more), so a smaller predicted gain is noise.
-MIN_GAIN = 1.5
+# Stitch only when the estimate wins by at least this much. Forced stitching on an H200 (session 3
+# kernels), estimated -> measured: RMSNorm with residual, backward, 1.20x -> 1.17x (float32) and
+# 1.34x -> 1.18x (bfloat16); bias+GELU backward over 1k columns 1.35x -> 1.32x. (With session 2's
+# kernels the RMSNorm backward measured 0.89-1.14x, when this threshold was 1.5.)
+MIN_GAIN = 1.15
+# Rows of a few elements (several rows per warp, each thread a vector or two) reach less of the
+# bandwidth than the model's OUR_EFFICIENCY: bias+GELU backward over 16 columns, float32, estimated
+# 1.38x, measured 0.94x.
+NARROW_COLS = 32
+NARROW_EFFICIENCY = 0.65
 L2_SPEEDUP = 2.0             # re-reads of a chunked row served by L2, relative to HBM
 # One SM alone draws somewhat more than its even share of HBM bandwidth: a grid on k of the target's
 # S SMs gets min(1, SM_OVERDRIVE * k / S) of it (H200, softmax fwd+bwd over 32 rows of 256k on 32
@@ -61,6 +67,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
         ours += row_levels * full_in / (bw * L2_SPEEDUP)
     if busy_sms is not None:
         ours /= min(1.0, SM_OVERDRIVE * busy_sms / target.sm_count)
+    if layout.n_cols <= NARROW_COLS:
+        ours /= NARROW_EFFICIENCY
     n_full_out = sum(1 for v in outputs if layout.of(v).declared == FULL)
     f32_full = layout.n_rows * layout.n_cols * 4
     if row_levels == 0 and n_grid_reductions == 0:

@@ -35,14 +35,16 @@ class Tuning:
 
     None keeps the heuristic. `elems`: elements of a row per thread and live array (a power of two);
     `min_threads`: threads per SM the launch bounds leave registers for; `stages`: 0, 1 or 2 async
-    staging buffers for rows that fit in registers."""
+    staging buffers for rows that fit in registers; `min_gain_pct`: the estimated speedup (in %)
+    the cost model asks for before it stitches (e.g. 100 to measure regions it declines)."""
 
     max_tpr: int = 1024
     elems: int | None = None
     min_threads: int = MIN_THREADS_PER_SM
     stages: int | None = None
+    min_gain_pct: int | None = None
 
-    FIELDS = ("max_tpr", "elems", "min_threads", "stages")
+    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":

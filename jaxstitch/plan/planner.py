@@ -112,15 +112,18 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, mp.cooperative, target,
                         rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms)
     reason = None
-    if est.xla_kernels == 1 or est.speedup < cost.MIN_GAIN:
-        if est.speedup < cost.MIN_GAIN and busy_sms < target.sm_count:
+    min_gain = cost.MIN_GAIN if tuning.min_gain_pct is None else tuning.min_gain_pct / 100
+    if est.xla_kernels == 1 or est.speedup < min_gain:
+        if est.speedup < min_gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:
             reason = (f"only {busy_sms} of {target.sm_count} SMs would have work ({mp.n_rows} rows, "
                       f"{mp.rows_per_block} per block; rows split over blocks are not implemented yet): "
                       f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
         elif est.xla_kernels == 1:
             reason = (f"XLA already runs this as one kernel (est. {est.xla_us:.1f} us vs {est.us:.1f} us "
                       "stitched): nothing to gain")
+        elif est.speedup < 1:
+            reason = f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA: stitching would be slower"
         else:
             reason = (f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA: a predicted "
-                      f"{est.speedup:.2f}x is within the cost model's error (stitching needs {cost.MIN_GAIN}x)")
+                      f"{est.speedup:.2f}x is below the {min_gain}x the cost model asks for (its error)")
     return RegionPlan(region, kernel, est, reason)
