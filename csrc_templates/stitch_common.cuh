@@ -232,17 +232,21 @@ __device__ __forceinline__ void js_group_arg_reduce(float& v, int& i) {
   }
 }
 
-// One grid-wide barrier per launch. `bar` is zeroed by the launcher before each launch and every
-// block of the (cooperatively launched, hence co-resident) grid arrives exactly once.
-__device__ __forceinline__ void js_grid_barrier(unsigned int* bar) {
+// Grid-wide barrier number k of a launch: every block adds one to `counter` and waits until it reaches
+// `target` = k * gridDim.x. The counter is zeroed by the launcher before each launch, and the grid is
+// cooperatively launched (all blocks co-resident). Readers of what other blocks wrote before the
+// barrier load it with __ldcg (L2), never through a possibly stale L1 line.
+__device__ __forceinline__ void js_grid_sync(unsigned int* counter, unsigned int target) {
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    atomicAdd(bar, 1u);
+    atomicAdd(counter, 1u);
     unsigned int seen;
     do {
-      asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(bar) : "memory");
-    } while (seen < gridDim.x);
+      asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    } while (seen < target);
   }
   __syncthreads();
 }
+// The epilogue's one barrier, on the workspace's first counter (split rows use the second).
+__device__ __forceinline__ void js_grid_barrier(unsigned int* bar) { js_grid_sync(bar, gridDim.x); }

@@ -1,6 +1,7 @@
 // One stitched region: ${summary}
 // Rows are walked by groups of TPR threads (grid-stride over row groups); each thread keeps its
-// E = VPT * V elements of a row (of each of CHUNKS chunks of it) in registers.
+// E = VPT * V elements of a row (of each of CHUNKS chunks of it) in registers. With SPLITS > 1 a
+// block's task is one SLICE of a row, ROW_C0 its first column, ROW_COLS its length.
 ${common}
 
 #define N_ROWS ${n_rows}LL
@@ -13,6 +14,11 @@ ${common}
 #define RPB ${rows_per_block}
 #define BLOCK ${block}
 #define NWARPS_ROW ((TPR + 31) / 32)
+#define SPLITS ${splits}
+#define SLICE ${slice}
+#define N_TASKS (N_ROWS * SPLITS)
+#define ROW_C0 ${row_c0}
+#define ROW_COLS ${row_cols}
 
 extern "C" __global__ void __launch_bounds__(BLOCK, ${min_blocks}) ${name}(${params}) {
   const int tid = threadIdx.x;
@@ -20,9 +26,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK, ${min_blocks}) ${name}(${par
   const int row_in_block = tid / TPR;
 ${shared}
 ${prologue}
-  for (long long base = (long long)blockIdx.x * RPB; base < N_ROWS; base += (long long)gridDim.x * RPB) {
-    const long long row = base + row_in_block;
-    const bool row_ok = row < N_ROWS;
+${loop_head}
 ${body}
   }
 ${epilogue}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import zlib
 
 import jax
@@ -199,21 +200,27 @@ def test_workload_forced_stitching_matches_xla(name, dtype):
 
 # Rows longer than a block holds in registers: walked in chunks, inputs stashed in shared memory between
 # phases, or (when the row does not fit there either) read again from global memory.
-LONG_ROWS = [
-    ("softmax_fwdbwd", "bfloat16", (61, 20000), "shared"),
-    ("softmax_fwdbwd", "float32", (37, 60001), "global"),
-    ("layernorm_fwd", "float32", (45, 30000), "shared"),
-    ("xent_fwdbwd", "float32", (67, 60000), "global"),
-    ("xent_fwdbwd", "bfloat16", (300, 32000), "shared"),
+LONG_ROWS = [  # (workload, dtype, shape, what the mapping must say)
+    # enough rows to fill the GPU: a block per row, walked in chunks, stashed in shared or global memory
+    ("softmax_fwdbwd", "bfloat16", (300, 20000), r"\d+ chunks, shared stash"),
+    ("softmax_fwdbwd", "float32", (270, 60001), r"\d+ chunks, global stash"),
+    ("layernorm_fwd", "float32", (280, 30000), r"\d+ chunks, shared stash"),
+    ("xent_fwdbwd", "bfloat16", (300, 32000), r"\d+ chunks, shared stash"),
+    # few rows: each split over blocks, partial reductions combined past grid barriers
+    ("softmax_fwdbwd", "bfloat16", (61, 20000), r"rows split over \d+ blocks"),
+    ("softmax_fwdbwd", "float32", (37, 60001), r"rows split over \d+ blocks"),
+    ("layernorm_fwd", "float32", (5, 30001), r"rows split over \d+ blocks"),  # slices in registers
+    ("xent_fwdbwd", "float32", (67, 60000), r"rows split over \d+ blocks"),   # and a grid-wide sum
+    ("xent_fwdbwd", "bfloat16", (3, 120000), r"rows split over \d+ blocks"),
 ]
 
 
-@pytest.mark.parametrize("name,dtype,shape,stash", LONG_ROWS, ids=[f"{n}-{d}-{s[0]}x{s[1]}" for n, d, s, _ in LONG_ROWS])
-def test_long_rows_match_xla(name, dtype, shape, stash):
+@pytest.mark.parametrize("name,dtype,shape,mapping", LONG_ROWS,
+                         ids=[f"{n}-{d}-{s[0]}x{s[1]}" for n, d, s, _ in LONG_ROWS])
+def test_long_rows_match_xla(name, dtype, shape, mapping):
     with force_stitching():
         report = check_workload(name, dtype, shape, forced=True)
-    chunked = [r for r in report.regions if r.stitched and "chunks" in (r.mapping or "")]
-    assert chunked and all(f"{stash} stash" in r.mapping for r in chunked), str(report)
+    assert any(r.stitched and re.search(mapping, r.mapping or "") for r in report.regions), str(report)
 
 
 def _count_params():

@@ -69,9 +69,10 @@ def explain(fn, *specs, target=TARGET):
     return jaxstitch.explain(fn, *specs, target=target)
 
 
-def assert_close(actual, expected, what=""):
+def assert_close(actual, expected, what="", slack=0.0):
     """Same shape and dtype; float32 within 1e-6 (relative, and relative to the max magnitude), half types
-    within 1e-2, everything else exact. NaNs must sit in the same places."""
+    within 1e-2, everything else exact. NaNs must sit in the same places. `slack`: an absolute bound on
+    how far half-precision roundings XLA may skip (excess precision) can move the value."""
     a, e = np.asarray(actual), np.asarray(expected)
     assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
     assert a.dtype == e.dtype, f"{what}: dtype {a.dtype} != {e.dtype}"
@@ -82,15 +83,16 @@ def assert_close(actual, expected, what=""):
     a32, e32 = a.astype(np.float32), e.astype(np.float32)
     finite = np.isfinite(e32)
     scale = float(np.max(np.abs(e32[finite]), initial=0.0))
-    np.testing.assert_allclose(a32, e32, rtol=tol, atol=tol * max(scale, 1e-30), equal_nan=True, err_msg=what)
+    np.testing.assert_allclose(a32, e32, rtol=tol, atol=tol * max(scale, 1e-30) + 2 * slack, equal_nan=True,
+                               err_msg=what)
 
 
-def assert_trees_close(actual, expected, what=""):
+def assert_trees_close(actual, expected, what="", slacks=None):
     la, ta = jax.tree_util.tree_flatten(actual)
     le, te = jax.tree_util.tree_flatten(expected)
     assert ta == te, f"{what}: output structure {ta} != {te}"
     for i, (a, e) in enumerate(zip(la, le)):
-        assert_close(a, e, f"{what} output {i}")
+        assert_close(a, e, f"{what} output {i}", slack=slacks[i] if slacks else 0.0)
 
 
 def known_bug(reason):
@@ -297,7 +299,8 @@ STAGED = r"(, [12]-stage async loads)?"
     (16, 4096, r"\d+ rows per warp"),
     (1024, 2048, r"(\d+ )?warps? per row|block per row"),
     (8192, 64, r"block per row"),
-    (32000, 64, r"block per row, \d+ chunks, (shared|global) stash"),
+    (32000, 1024, r"block per row, \d+ chunks, (shared|global) stash"),
+    (32000, 64, r"block per row, rows split over \d+ blocks(, \d+ chunks)?, (shared|global) stash"),
 ])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_mapping_by_row_length(c, n, pattern, dtype):
@@ -318,21 +321,40 @@ def _xent_specs(n, v, dtype):
 
 @needs_nvrtc
 @pytest.mark.parametrize("fn,specs,stash", [
-    (softmax_fwdbwd, (S((64, 32000), jnp.bfloat16),) * 2, "shared"),   # 2 x 64 KB rows: shared memory
-    (softmax_fwdbwd, (S((64, 32000), jnp.float32),) * 2, "global"),    # 2 x 128 KB: more than a block gets
+    (softmax_fwdbwd, (S((512, 32000), jnp.bfloat16),) * 2, "shared"),   # 2 x 64 KB rows: shared memory
+    (softmax_fwdbwd, (S((512, 32000), jnp.float32),) * 2, "global"),    # 2 x 128 KB: more than a block gets
     (WORKLOADS["xent_fwdbwd"].fn, _xent_specs(256, 32000, jnp.float32), "shared"),
-    (WORKLOADS["xent_fwdbwd"].fn, _xent_specs(64, 120000, jnp.bfloat16), "global"),
-    (WORKLOADS["layernorm_fwd"].fn, (S((64, 30000), jnp.float32), S((30000,), jnp.float32),
+    (WORKLOADS["xent_fwdbwd"].fn, _xent_specs(512, 120000, jnp.bfloat16), "global"),
+    (WORKLOADS["layernorm_fwd"].fn, (S((512, 30000), jnp.float32), S((30000,), jnp.float32),
                                      S((30000,), jnp.float32)), "shared"),
 ], ids=["softmax-bf16", "softmax-f32", "xent-f32", "xent-bf16-120k", "layernorm-fwd"])
 def test_long_rows_are_chunked(fn, specs, stash):
     """Rows longer than a block holds in registers are walked in chunks, one kernel, no spills (a
-    spilling kernel would be declined); the stash is shared memory when the row fits there."""
+    spilling kernel would be declined); the stash is shared memory when the row fits there. (Enough
+    rows to fill the GPU: fewer are split over blocks, see test_few_long_rows_are_split.)"""
     with force_stitching():
         report = explain(fn, *specs)
     assert report.stitched_kernels == 1, str(report)
     r = next(r for r in report.regions if r.stitched)
     assert re.fullmatch(rf"block per row, \d+ chunks, {stash} stash{STAGED}", r.mapping), str(report)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("fn,specs", [
+    (softmax_fwdbwd, (S((32, 262144), jnp.float32),) * 2),
+    (softmax_fwdbwd, (S((32, 262144), jnp.bfloat16),) * 2),
+    (WORKLOADS["xent_fwdbwd"].fn, _xent_specs(64, 120000, jnp.bfloat16)),  # with a grid-wide sum too
+    (WORKLOADS["layernorm_fwd"].fn, (S((5, 30001), jnp.float32), S((30001,), jnp.float32),
+                                     S((30001,), jnp.float32))),  # column inputs, a ragged last slice
+], ids=["softmax-f32", "softmax-bf16", "xent-bf16", "layernorm-fwd-odd"])
+def test_few_long_rows_are_split(fn, specs):
+    """Too few long rows to fill an H200's SMs: each row's slices go to several blocks, whose partial
+    reductions meet in the workspace past grid barriers; one kernel, compiled without spills."""
+    with force_stitching():
+        report = explain(fn, *specs, target="h200")
+    assert report.stitched_kernels == 1, str(report)
+    r = next(r for r in report.regions if r.stitched)
+    assert re.search(r"rows split over \d+ blocks", r.mapping), str(report)
 
 
 def test_long_rows_with_column_reductions_are_declined():
@@ -346,9 +368,11 @@ def test_long_rows_with_column_reductions_are_declined():
 
 
 
-def test_few_long_rows_are_left_to_xla():
-    """32 rows of 256k elements would keep 32 of an H200's 132 SMs busy (measured 0.6x of jax.jit):
-    the cost model counts the idle SMs and leaves the region to XLA, saying why."""
+def test_few_long_rows_unsplit_are_left_to_xla(monkeypatch):
+    """Without task splitting, 32 rows of 256k elements would keep 32 of an H200's 132 SMs busy
+    (measured 0.6x of jax.jit): the cost model counts the idle SMs and leaves the region to XLA,
+    saying why."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", "splits=1")
     x = S((32, 262144), jnp.float32)
     report = explain(WORKLOADS["softmax_fwdbwd"].fn, x, x, target="h200")
     assert report.stitched_kernels == 0, str(report)
@@ -464,10 +488,12 @@ def test_random_graphs_match_jax_jit(example):
     fn, specs, seed = example
     args = random_inputs(specs, seed)
     want = jax.jit(fn)(*args)
-    assert_trees_close(jaxstitch.jit(fn, target=TARGET)(*args), want, repr(fn))
+    # XLA compiles a region alone and the whole function differently: it may skip different
+    # half-precision roundings (excess precision), which out_err bounds.
+    assert_trees_close(jaxstitch.jit(fn, target=TARGET)(*args), want, repr(fn), fn.out_err)
     with force_stitching():
         got = jaxstitch.jit(fn, target=TARGET)(*args)
-    assert_trees_close(got, want, "forced stitching: " + repr(fn))
+    assert_trees_close(got, want, "forced stitching: " + repr(fn), fn.out_err)
 
 
 def _equality_params():

@@ -30,8 +30,8 @@ def vec_col(k: str) -> str:
 
 
 def col_index(e: str) -> str:
-    """The column of this thread's element slot `e` in chunk `ch`."""
-    return f"({vec_col(f'({e}) / V')} + ({e}) % V)"
+    """The column (of the whole row) of this thread's element slot `e` in chunk `ch`."""
+    return f"(ROW_C0 + {vec_col(f'({e}) / V')} + ({e}) % V)"
 
 
 def stash_slot(ptr: str) -> str:
@@ -67,8 +67,11 @@ class _Kernel:
         self.alias: dict[int, int] = {}
         self.inputs = {v.id: i for i, v in enumerate(plan.region.inputs)}
         self.outputs = list(plan.region.outputs)
-        self.exact_cols = self.m.chunks * self.m.vpt * self.m.tpr * self.m.vec == self.m.n_cols
-        self.chunked = self.m.chunks > 1
+        self.split = self.m.splits > 1
+        self.exact_cols = (self.m.chunks * self.m.vpt * self.m.tpr * self.m.vec == self.m.slice_cols
+                           and self.m.slice_cols * self.m.splits == self.m.n_cols)
+        # A split row's slice changes with the block's task: it is walked as a chunked row is.
+        self.chunked = self.m.chunks > 1 or self.split
         # Per-chunk kinds: what a thread holds as E-element arrays, made again for every chunk of a row.
         self.per_chunk = (FULL, COL) if self.chunked else (FULL,)
         self.n_row_red = 0
@@ -130,7 +133,7 @@ class _Kernel:
     def col_ok(self, e: str = "e") -> str:
         if self.exact_cols:
             return "true"
-        return f"({vec_col(f'({e}) / V')} < N_COLS)"  # V divides N_COLS
+        return f"({vec_col(f'({e}) / V')} < ROW_COLS)"  # V divides N_COLS and SLICE
 
     # ---- ops --------------------------------------------------------------------------------------
     def elementwise(self, w: _Writer, op: ir.Op, name: str | None = None):
@@ -196,7 +199,7 @@ class _Kernel:
         w("#pragma unroll")
         w("for (int k = 0; k < VPT; ++k) {")
         w(f"  const int col0 = {vec_col('k')};")
-        guard = f"{'row_ok && ' if per_row else ''}col0 < N_COLS"
+        guard = f"{'row_ok && ' if per_row else ''}col0 < ROW_COLS"
         if stash is None:
             w(f"  if ({guard}) js_load<{st}, V>({ptr} + col0, &v{v.id}[k * V]);")
         elif from_stash:
@@ -211,7 +214,7 @@ class _Kernel:
         w("#pragma unroll")
         w("for (int k = 0; k < VPT; ++k) {")
         w(f"  const int col0 = {vec_col('k')};")
-        w(f"  if ({guard}col0 < N_COLS) {{")
+        w(f"  if ({guard}col0 < ROW_COLS) {{")
         src = self.rounded_from.get(self.root(v.id), v)
         w(f"    {self.ctype(src)} t[V];")
         w("    for (int i = 0; i < V; ++i) { const int e = k * V + i; t[i] = " + self.ref(src) + "; }")
@@ -230,12 +233,16 @@ class _Kernel:
             p = self.placed(o)
             st = STYPE[o.dtype]
             if where == "chunk" and p.declared == FULL:
-                self.store_array(w, o, j, "row_ok && ", "row * N_COLS + ")
+                self.store_array(w, o, j, "row_ok && ", "row * N_COLS + ROW_C0 + ")
             elif where == "row" and p.declared == ROW:
-                w(f"if (row_ok && lane == 0) out{j}[row] = js_io<{st}>::put({self.ref(o, '0')});")
+                w(f"if (row_ok && lane == 0 && ROW_C0 == 0) out{j}[row] = js_io<{st}>::put({self.ref(o, '0')});")
             elif p.declared == COL and (where, self.chunked and p.storage == COL) in (("prologue", False), ("chunk", True)):
-                w(f"if (blockIdx.x == 0 && {'base == 0 && ' if where == 'chunk' else ''}row_in_block == 0) {{")
-                self.store_array(w, o, j, "", "")
+                if where == "chunk":  # the row-0 tasks (every slice of row 0)
+                    w("if (row == 0) {")
+                    self.store_array(w, o, j, "", "ROW_C0 + ")
+                else:
+                    w("if (blockIdx.x == 0 && row_in_block == 0) {")
+                    self.store_array(w, o, j, "", "")
                 w("}")
             elif where == "prologue" and p.declared == SCALAR:
                 w(f"if (blockIdx.x == 0 && tid == 0) out{j}[0] = js_io<{st}>::put({self.ref(o, '0')});")
@@ -303,9 +310,31 @@ class _Kernel:
                     w(f"for (int j = 1; j < NWARPS_ROW; ++j) p{o} = {fn}(p{o}, ({kind}){arr}[{bank}][{i}][row_in_block][j]);")
             self.red_rounds.append((w, len(w.lines)))
             w("__syncthreads();  // before js_red's bank is written again")
+        if self.split:
+            self.combine_slices(w, slots)
         for op, kind in slots:
             o = op.outputs[0]
             w(f"const {self.ctype(o)} v{o.id} = {'q' if kind == 'arg' else 'p'}{o.id};")
+
+    def combine_slices(self, w: _Writer, slots):
+        """A split row: each block has reduced its slice; the slices' partials meet in the workspace,
+        past a grid barrier, and every block of the row combines them in slice order."""
+        offsets = {g.value_id: g.offset for g in self.plan.split_partials}
+        w("if (tid == 0 && row_ok) {")
+        for op, kind in slots:
+            o = op.outputs[0].id
+            val = f"__int_as_float(p{o})" if kind == "int" else f"(float)p{o}"
+            w(f"  js_ws[{offsets[o]} + row * SPLITS + js_slice] = {val};")
+        w("}")
+        w("js_grid_sync(reinterpret_cast<unsigned int*>(ws) + 1, ++js_round * gridDim.x);")
+        w("if (row_ok) {")
+        for op, kind in slots:
+            o, fn = op.outputs[0].id, REDUCE[op.prim][0]
+            at = f"js_ws + {offsets[o]} + row * SPLITS"
+            get = (lambda i: f"__float_as_int(__ldcg({at} + {i}))") if kind == "int" else (lambda i: f"__ldcg({at} + {i})")
+            w(f"  p{o} = {get(0)};")
+            w(f"  for (int s = 1; s < SPLITS; ++s) p{o} = {fn}(p{o}, {get('s')});")
+        w("}")
 
     def grid_accumulate(self, w: _Writer, op: ir.Op):
         src, out = op.inputs[0], op.outputs[0]
@@ -317,7 +346,7 @@ class _Kernel:
             w("#pragma unroll")
             w(f"for (int e = 0; e < E; ++e) if (row_ok && {self.col_ok()}) a{out.id} = {fn}(a{out.id}, (float){self.ref(src)});")
         else:
-            w(f"if (row_ok && lane == 0) a{out.id} = {fn}(a{out.id}, (float){self.ref(src, '0')});")
+            w(f"if (row_ok && lane == 0 && ROW_C0 == 0) a{out.id} = {fn}(a{out.id}, (float){self.ref(src, '0')});")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,6 +407,10 @@ def render(plan: KernelPlan) -> Source:
     pro, body, epi = _Writer(1), _Writer(2), _Writer(1)
     # Prologue: scalars and column values, the same for every row this thread visits.
     pro("const int ch = 0;  // the chunk, for code outside chunk loops")
+    if m.cooperative:
+        pro("float* js_ws = reinterpret_cast<float*>(ws);")
+    if k.split:
+        pro("unsigned int js_round = 0;  // grid barriers crossed (combine_slices)")
     for v in region.inputs:
         p, i = layout.of(v), k.inputs[v.id]
         if p.storage == SCALAR:
@@ -481,11 +514,24 @@ def render(plan: KernelPlan) -> Source:
     if grid_ops:
         _epilogue(k, epi, shared, grid_ops, epi_ops)
 
+    if k.split:  # one task per (row, slice); every block runs the same number of rounds (grid barriers)
+        loop_head = "\n".join([
+            "  for (long long base = blockIdx.x; base - blockIdx.x < N_TASKS; base += gridDim.x) {",
+            "    const long long row = base / SPLITS;",
+            "    const int js_slice = (int)(base % SPLITS);",
+            "    const int js_c0 = js_slice * SLICE, js_ncols = min(SLICE, N_COLS - js_c0);",
+            "    const bool row_ok = base < N_TASKS;"])
+    else:
+        loop_head = "\n".join([
+            "  for (long long base = (long long)blockIdx.x * RPB; base < N_ROWS; base += (long long)gridDim.x * RPB) {",
+            "    const long long row = base + row_in_block;",
+            "    const bool row_ok = row < N_ROWS;"])
     summary = f"{len(region.ops)} ops, {m.n_rows}x{m.n_cols}, {m.name}, scheme {plan.scheme}"
     code = string.Template(template("stitch_kernel.cu")).substitute(
         summary=summary, common=template("stitch_common.cuh"), n_rows=m.n_rows, n_cols=m.n_cols,
         vec=m.vec, tpr=m.tpr, vpt=m.vpt, chunks=m.chunks, rows_per_block=m.rows_per_block, block=m.block,
-        min_blocks=m.min_blocks,
+        min_blocks=m.min_blocks, splits=m.splits, slice=m.slice_cols,
+        row_c0="js_c0" if k.split else "0", row_cols="js_ncols" if k.split else "N_COLS", loop_head=loop_head,
         name=KERNEL_NAME, params=", ".join(params), shared=shared.text(), prologue=pro.text(),
         body=body.text(), epilogue=epi.text())
     return Source(code, KERNEL_NAME, tuple(params))
@@ -515,31 +561,39 @@ def _load_chunk(k: _Kernel, w: _Writer, stash: dict[int, int], first_phase: bool
     for v in k.plan.region.inputs:
         p, i = k.layout.of(v), k.inputs[v.id]
         if p.storage == FULL:
-            ptr = f"in{i} + row * N_COLS"
+            ptr = f"in{i} + row * N_COLS + ROW_C0"
             if v.id in stash:
                 k.load_array(w, v, ptr, per_row=True, stash=_stash_ptr(k, v, stash[v.id]),
                              from_stash=k.m.stages > 0 or not first_phase)
             else:
                 k.load_array(w, v, ptr, per_row=True)
         elif p.storage == COL and k.chunked:
-            k.load_array(w, v, f"in{i}", per_row=False)
+            k.load_array(w, v, f"in{i} + ROW_C0", per_row=False)
 
 
 def _stage_rows(k: _Kernel, w: _Writer, stash: dict[int, int], base: str):
     """Start async copies of the row group at `base` into the stash buffer `js_buf` (this thread's
     slots, every chunk) and commit them as one group."""
     w("{")
-    w(f"  const long long srow = {base} + row_in_block;")
+    if k.split:  # `base` is a task: a slice of a row
+        w(f"  const long long stask = {base};")
+        w("  const long long srow = stask / SPLITS;")
+        w("  const int sc0 = (int)(stask % SPLITS) * SLICE, scols = min(SLICE, N_COLS - sc0);")
+        w("  const bool sok = stask < N_TASKS;")
+    else:
+        w(f"  const long long srow = {base} + row_in_block;")
+        w("  const int sc0 = 0, scols = N_COLS;")
+        w("  const bool sok = srow < N_ROWS;")
     w("  for (int ch = 0; ch < CHUNKS; ++ch) {")
     w("#pragma unroll")
     w("    for (int k = 0; k < VPT; ++k) {")
     w(f"      const int col0 = {vec_col('k')};")
-    w("      const bool ok = srow < N_ROWS && col0 < N_COLS;")
+    w("      const bool ok = sok && col0 < scols;")
     for v in k.plan.region.inputs:
         if v.id in stash:
             i = k.inputs[v.id]
             w(f"      js_stage<{STYPE[v.dtype]}, V>({stash_slot(_stash_ptr(k, v, stash[v.id]))}, "
-              f"ok ? in{i} + srow * N_COLS + col0 : in{i}, ok);")
+              f"ok ? in{i} + srow * N_COLS + sc0 + col0 : in{i}, ok);")
     w("    }")
     w("  }")
     w("  js_stage_commit();")
@@ -557,7 +611,6 @@ def _epilogue(k: _Kernel, w: _Writer, shared: _Writer, grid_ops, epi_ops):
     shared("__shared__ float js_scr[BLOCK / 32];")
     if m.rows_per_block > 1 and any(layout.of(op.outputs[0]).declared == COL for op in grid_ops):
         shared("__shared__ float js_colbuf[N_COLS];")
-    w("float* js_ws = reinterpret_cast<float*>(ws);")
     for op in grid_ops:
         o, fn = op.outputs[0].id, REDUCE[op.prim][0]
         off = offsets[o]

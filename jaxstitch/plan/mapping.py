@@ -36,15 +36,17 @@ class Tuning:
     None keeps the heuristic. `elems`: elements of a row per thread and live array (a power of two);
     `min_threads`: threads per SM the launch bounds leave registers for; `stages`: 0, 1 or 2 async
     staging buffers for rows that fit in registers; `min_gain_pct`: the estimated speedup (in %)
-    the cost model asks for before it stitches (e.g. 100 to measure regions it declines)."""
+    the cost model asks for before it stitches (e.g. 100 to measure regions it declines); `splits`:
+    blocks per long row (1: never split)."""
 
     max_tpr: int = 1024
     elems: int | None = None
     min_threads: int = MIN_THREADS_PER_SM
     stages: int | None = None
     min_gain_pct: int | None = None
+    splits: int | None = None
 
-    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct")
+    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
@@ -83,6 +85,8 @@ class Mapping:
     smem_bytes: int = 0   # dynamic shared memory per block (the stash)
     stages: int = 0       # row-group buffers the stash is filled through with async copies (0: none)
     min_blocks: int = 1   # blocks per SM the compiler must leave registers for (`__launch_bounds__`)
+    splits: int = 1       # blocks sharing one row (task splitting: few long rows), each a slice of it
+    slice_cols: int = 0   # columns of each slice (the row length when splits == 1)
 
     @property
     def elems_per_thread(self) -> int:
@@ -98,8 +102,12 @@ class Mapping:
             name = "block per row"
         else:
             name = f"{self.tpr // 32} warps per row"
+        if self.splits > 1:
+            name += f", rows split over {self.splits} blocks"
         if self.chunks > 1:
-            name += f", {self.chunks} chunks, {self.stash} stash"
+            name += f", {self.chunks} chunks"
+        if self.chunks > 1 or self.splits > 1:
+            name += f", {self.stash} stash"
         if self.stages:
             name += f", {self.stages}-stage async loads"
         return name
@@ -114,9 +122,36 @@ def _async_copyable(vec: int, itemsizes) -> bool:
     return bool(itemsizes) and all(vec * i in (4, 8) or (vec * i) % 16 == 0 for i in itemsizes)
 
 
+def _row_shape(length: int, vec: int, budget: int, max_tpr: int) -> tuple[int, int, int]:
+    """Threads per row, vectors per thread and chunks for rows of `length` elements."""
+    tpr = min(max_tpr, _pow2_at_least(math.ceil(length / budget)))
+    tpr = max(1, min(tpr, _pow2_at_least(math.ceil(length / vec))))
+    vpt = math.ceil(length / (tpr * vec))
+    chunks = 1
+    if vpt * vec > budget:  # even at the most threads per row, the row does not fit in registers
+        # Half-block rows: a 1024-thread row spends its time at barriers, one block per SM (measured on
+        # an H200, cross-entropy over 32k classes: 512 threads 1.5x faster than 1024, 256 no better).
+        tpr = min(tpr, CHUNKED_TPR)
+        vpt = math.ceil(length / (tpr * vec))
+        chunks = math.ceil(vpt * vec / budget)
+        vpt = math.ceil(vpt / chunks)
+    return tpr, vpt, chunks
+
+
+def _splits(n: int, c: int, vec: int, target: Target) -> int:
+    """Blocks per row for few long rows: about two (row, slice) tasks per SM, so that at most two
+    rounds of resident blocks run them; slices of at least two vectors per thread of a 512-thread
+    block."""
+    most = max(1, c // (2 * CHUNKED_TPR * vec))
+    splits = min(most, (2 * target.sm_count) // max(1, n))
+    return splits if splits >= 2 else 1
+
+
 def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_reduced: bool,
-           target: Target, tuning: Tuning = Tuning(), stash_itemsizes: tuple[int, ...] = ()) -> Mapping:
-    """`stash_itemsizes`: the item sizes of the row inputs (those a stash would keep)."""
+           target: Target, tuning: Tuning = Tuning(), stash_itemsizes: tuple[int, ...] = (),
+           splittable: bool = True) -> Mapping:
+    """`stash_itemsizes`: the item sizes of the row inputs (those a stash would keep); `splittable`:
+    whether a row's reductions may be combined across blocks (not argmax/argmin)."""
     n, c = layout.n_rows, layout.n_cols
     wide = [p.value for p in layout.values if p.storage in (FULL, COL) and p.value in region_io]
     vec = min([16 // v.itemsize for v in wide] + [8])
@@ -126,20 +161,17 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     budget = max(vec, 4, min(MAX_ELEMS_PER_THREAD, _pow2_at_least(64 // max(1, n_live_arrays) + 1) // 2))
     if tuning.elems:
         budget = max(vec, tuning.elems)
-    tpr = min(tuning.max_tpr, _pow2_at_least(math.ceil(c / budget)))
-    tpr = max(1, min(tpr, _pow2_at_least(math.ceil(c / vec))))
-    vpt = math.ceil(c / (tpr * vec))
-    chunks = 1
-    if vpt * vec > budget:  # even at the most threads per row, the row does not fit in registers
-        # Half-block rows: a 1024-thread row spends its time at barriers, one block per SM (measured on
-        # an H200, cross-entropy over 32k classes: 512 threads 1.5x faster than 1024, 256 no better).
-        tpr = min(tpr, CHUNKED_TPR)
-        vpt = math.ceil(c / (tpr * vec))
-        chunks = math.ceil(vpt * vec / budget)
-        vpt = math.ceil(vpt / chunks)
-    rows_per_block = max(1, 256 // tpr)
-    block = tpr * rows_per_block
+    tpr, vpt, chunks = _row_shape(c, vec, budget, tuning.max_tpr)
     col_partials = grid_reduced and any(p.declared == COL and p.level < 0 for p in layout.values)
+    splits, slice_cols = 1, c
+    if chunks > 1 and splittable and not col_partials and tuning.splits != 1:
+        splits = tuning.splits or _splits(n, c, vec, target)
+        if splits > 1:
+            slice_cols = math.ceil(c / splits / vec) * vec  # slices start on a vector
+            splits = math.ceil(c / slice_cols)
+            tpr, vpt, chunks = _row_shape(slice_cols, vec, budget, tuning.max_tpr)
+    rows_per_block = 1 if splits > 1 else max(1, 256 // tpr)  # a split row's slice is a block's task
+    block = tpr * rows_per_block
     if chunks > 1 and col_partials:
         raise Unplannable(f"column reductions over rows of {c} elements (longer than a block "
                           "holds in registers) are not implemented")
@@ -147,7 +179,7 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     room = target.smem_optin - STATIC_SMEM_RESERVE
     copyable = _async_copyable(vec, stash_itemsizes)
     stash, stages = REGISTERS, 0
-    if chunks > 1:
+    if chunks > 1 or splits > 1:  # (a split row's slice is walked as a chunked row is)
         stash = SHARED if stage <= room else GLOBAL
         # One stage: a second row buffer would halve the blocks a long row's SM holds.
         stages = 1 if stash == SHARED and copyable else 0
@@ -156,7 +188,7 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     elif copyable and 2 * stage <= target.smem_per_sm // 4 - STATIC_SMEM_RESERVE:
         stages = 2  # a next-row buffer that still leaves room for 4 blocks per SM
     smem = stage * max(stages, 1) if stash == SHARED or stages else 0
-    groups = math.ceil(n / rows_per_block)
+    groups = math.ceil(n * splits / rows_per_block)
     per_sm = max(1, target.max_threads_per_sm // block)
     if smem:
         per_sm = max(1, min(per_sm, target.smem_per_sm // (smem + STATIC_SMEM_RESERVE + SMEM_PER_BLOCK_SYSTEM)))
@@ -166,5 +198,5 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     # Registers for enough resident threads; big blocks two per SM, so one computes while the other
     # waits at a barrier; never more blocks than shared memory holds.
     min_blocks = min(per_sm, 2 if block >= 512 else max(1, tuning.min_threads // block))
-    return Mapping(n, c, vec, tpr, vpt, rows_per_block, block, grid, grid_reduced, chunks, stash, smem,
-                   stages, min_blocks)
+    return Mapping(n, c, vec, tpr, vpt, rows_per_block, block, grid, grid_reduced or splits > 1, chunks,
+                   stash, smem, stages, min_blocks, splits, slice_cols)

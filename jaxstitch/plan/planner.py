@@ -39,6 +39,9 @@ class KernelPlan:
     grid_reductions: tuple[GridReduction, ...]
     workspace_bytes: int
     stash: tuple[StashSlot, ...] = ()
+    # Rows split over blocks: each row reduction's per-(row, slice) partials in the workspace, combined
+    # by every block of the row after a grid barrier.
+    split_partials: tuple[GridReduction, ...] = ()
 
     @property
     def stage_bytes(self) -> int:
@@ -89,9 +92,12 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         if any(op.prim in ("argmax", "argmin") for op in grid_ops):
             raise Unplannable("argmax/argmin over the whole grid")
         row_inputs = [v for v in region.inputs if layout.of(v).storage == FULL]
+        row_reductions = [op for op in region.ops if op.prim in opdefs.REDUCTIONS
+                          and not opdefs.is_layout(op) and not opdefs.is_grid_reduction(op)]
         mp = mapping_mod.choose(layout, list(region.inputs) + list(region.outputs),
                                 _live_arrays(region, layout), bool(grid_ops), target, tuning,
-                                stash_itemsizes=tuple(v.itemsize for v in row_inputs))
+                                stash_itemsizes=tuple(v.itemsize for v in row_inputs),
+                                splittable=not any(op.prim in ("argmax", "argmin") for op in row_reductions))
         if relaxed:
             mp = dataclasses.replace(mp, min_blocks=1)
         stash, at = [], 0
@@ -104,12 +110,20 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
             size = layout.n_cols if layout.of(op.outputs[0]).declared == COL else 1
             reductions.append(GridReduction(op.outputs[0].id, offset, size))
             offset += mp.grid * size
-        ws = offset * 4 if grid_ops else 0
-        kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash))
+        splits = []
+        if mp.splits > 1:
+            for op in row_reductions:
+                splits.append(GridReduction(op.outputs[0].id, offset, mp.n_rows * mp.splits))
+                offset += mp.n_rows * mp.splits
+        ws = offset * 4 if mp.cooperative else 0
+        kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits))
     except Unplannable as e:
         return RegionPlan(region, None, None, str(e))
     busy_sms = min(target.sm_count, mp.grid)
-    est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, mp.cooperative, target,
+    row_levels = max((p.level for p in layout.values if p.level > 0), default=0)
+    rounds = -(-mp.n_rows * mp.splits // mp.grid)
+    syncs = (1 if grid_ops else 0) + (row_levels * rounds if mp.splits > 1 else 0)
+    est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, syncs, target,
                         rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms)
     reason = None
     min_gain = cost.MIN_GAIN if tuning.min_gain_pct is None else tuning.min_gain_pct / 100
