@@ -411,6 +411,10 @@ def render(plan: KernelPlan) -> Source:
         pro("float* js_ws = reinterpret_cast<float*>(ws);")
     if k.split:
         pro("unsigned int js_round = 0;  // grid barriers crossed (combine_slices)")
+        # Rounds of whole rows: a row's slices must meet at the same barriers, so each round runs
+        # gridDim.x / SPLITS rows (the planner keeps SPLITS <= the SMs, so at least one fits).
+        pro("const long long js_step = (long long)(gridDim.x / SPLITS) * SPLITS;")
+        pro("if (js_step == 0) __trap();  // fewer blocks than slices: fail loudly, never a wrong result")
     for v in region.inputs:
         p, i = layout.of(v), k.inputs[v.id]
         if p.storage == SCALAR:
@@ -445,11 +449,11 @@ def render(plan: KernelPlan) -> Source:
     k.writer = body
     if m.stages:  # the first row group's copies start before the loop; see mapping.py
         pro("int js_buf = 0;")
-        _stage_rows(k, pro, stash, "(long long)blockIdx.x * RPB")
+        _stage_rows(k, pro, stash, "(long long)blockIdx.x" if k.split else "(long long)blockIdx.x * RPB")
     if m.stages == 2:  # refill the other buffer (read by the last row group: all its reads are done)
         body("__syncthreads();")
         body("js_buf ^= 1;")
-        _stage_rows(k, body, stash, "base + (long long)gridDim.x * RPB")
+        _stage_rows(k, body, stash, "base + js_step" if k.split else "base + (long long)gridDim.x * RPB")
         body("js_buf ^= 1;  // back to this row group's buffer; the loop's end moves on to the next")
         body("js_stage_wait<1>();")
     elif m.stages == 1:
@@ -493,7 +497,7 @@ def render(plan: KernelPlan) -> Source:
             k.writer = body
         if m.stages == 1 and lv == last_chunk_phase:  # the stash is read for the last time: refill it
             body("__syncthreads();")
-            _stage_rows(k, body, stash, "base + (long long)gridDim.x * RPB")
+            _stage_rows(k, body, stash, "base + js_step" if k.split else "base + (long long)gridDim.x * RPB")
         k.reduce_finish(body, ph.reductions)
         for v in ph.stored:
             k.store_output(body, v, "row")
@@ -516,11 +520,11 @@ def render(plan: KernelPlan) -> Source:
 
     if k.split:  # one task per (row, slice); every block runs the same number of rounds (grid barriers)
         loop_head = "\n".join([
-            "  for (long long base = blockIdx.x; base - blockIdx.x < N_TASKS; base += gridDim.x) {",
+            "  for (long long base = blockIdx.x; base - blockIdx.x < N_TASKS; base += js_step) {",
             "    const long long row = base / SPLITS;",
             "    const int js_slice = (int)(base % SPLITS);",
             "    const int js_c0 = js_slice * SLICE, js_ncols = min(SLICE, N_COLS - js_c0);",
-            "    const bool row_ok = base < N_TASKS;"])
+            "    const bool row_ok = blockIdx.x < js_step && base < N_TASKS;"])
     else:
         loop_head = "\n".join([
             "  for (long long base = (long long)blockIdx.x * RPB; base < N_ROWS; base += (long long)gridDim.x * RPB) {",
@@ -579,7 +583,7 @@ def _stage_rows(k: _Kernel, w: _Writer, stash: dict[int, int], base: str):
         w(f"  const long long stask = {base};")
         w("  const long long srow = stask / SPLITS;")
         w("  const int sc0 = (int)(stask % SPLITS) * SLICE, scols = min(SLICE, N_COLS - sc0);")
-        w("  const bool sok = stask < N_TASKS;")
+        w("  const bool sok = stask < N_TASKS && blockIdx.x < js_step;")
     else:
         w(f"  const long long srow = {base} + row_in_block;")
         w("  const int sc0 = 0, scols = N_COLS;")

@@ -141,8 +141,8 @@ def _row_shape(length: int, vec: int, budget: int, max_tpr: int) -> tuple[int, i
 def _splits(n: int, c: int, vec: int, target: Target) -> int:
     """Blocks per row for few long rows: about two (row, slice) tasks per SM, so that at most two
     rounds of resident blocks run them; slices of at least two vectors per thread of a 512-thread
-    block."""
-    most = max(1, c // (2 * CHUNKED_TPR * vec))
+    block; never more slices than SMs (a round holds whole rows: see codegen's js_step)."""
+    most = max(1, min(c // (2 * CHUNKED_TPR * vec), target.sm_count))  # a row's blocks all resident
     splits = min(most, (2 * target.sm_count) // max(1, n))
     return splits if splits >= 2 else 1
 
