@@ -37,7 +37,8 @@ class Tuning:
     `min_threads`: threads per SM the launch bounds leave registers for; `stages`: 0, 1 or 2 async
     staging buffers for rows that fit in registers; `min_gain_pct`: the estimated speedup (in %)
     the cost model asks for before it stitches (e.g. 100 to measure regions it declines); `splits`:
-    blocks per long row (1: never split)."""
+    blocks per long row when there are too few rows to fill the GPU (0: chosen by the planner;
+    unset: never, the default while split kernels lose to XLA)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -164,7 +165,10 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     tpr, vpt, chunks = _row_shape(c, vec, budget, tuning.max_tpr)
     col_partials = grid_reduced and any(p.declared == COL and p.level < 0 for p in layout.values)
     splits, slice_cols = 1, c
-    if chunks > 1 and splittable and not col_partials and tuning.splits != 1:
+    # Task splitting is off by default: correct (GPU tests) but, with its 2-3 grid barriers and
+    # re-read slices, measured slower than XLA on 32 rows of 256k (0.91x / 0.96x, H200); on with
+    # JAXSTITCH_TUNE splits=0 (automatic) or splits=K.
+    if chunks > 1 and splittable and not col_partials and tuning.splits not in (None, 1):
         splits = tuning.splits or _splits(n, c, vec, target)
         if splits > 1:
             slice_cols = math.ceil(c / splits / vec) * vec  # slices start on a vector
