@@ -169,7 +169,8 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     # re-read slices, measured slower than XLA on 32 rows of 256k (0.91x / 0.96x, H200); on with
     # JAXSTITCH_TUNE splits=0 (automatic) or splits=K.
     if chunks > 1 and splittable and not col_partials and tuning.splits not in (None, 1):
-        splits = tuning.splits or _splits(n, c, vec, target)
+        # (a forced K is kept to the SMs: a round of tasks must hold a whole row)
+        splits = min(tuning.splits, target.sm_count) if tuning.splits else _splits(n, c, vec, target)
         if splits > 1:
             slice_cols = math.ceil(c / splits / vec) * vec  # slices start on a vector
             splits = math.ceil(c / slice_cols)
