@@ -190,6 +190,12 @@ __device__ __forceinline__ float js_div_rcp(float b) {
 __device__ __forceinline__ float js_div_by(float a, float b) {
   return (a * js_div_scale(b)) * js_div_rcp(b);
 }
+// Integer division and remainder with XLA's answers where C's are undefined: x / 0 = -1, x % 0 = x,
+// INT_MIN / -1 = INT_MIN, INT_MIN % -1 = 0.
+__device__ __forceinline__ int js_idiv(int a, int b) {
+  return b == 0 ? -1 : (b == -1 ? (int)(0u - (unsigned int)a) : a / b);
+}
+__device__ __forceinline__ int js_irem(int a, int b) { return b == 0 ? a : (b == -1 ? 0 : a % b); }
 __device__ __forceinline__ float js_logistic(float a) { return 1.f / (1.f + expf(-a)); }
 __device__ __forceinline__ float js_ipow(float x, int n) {
   float r = 1.f; float b = n < 0 ? 1.f / x : x; int m = n < 0 ? -n : n;

@@ -346,3 +346,25 @@ def test_divisions_round_like_xla():
         _, got = run_stitched(divide_rows, (x, y, s), what)
     for i in range(2):
         np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(want[i]), err_msg=f"{what} output {i}")
+
+
+def int_div_rem(a, b):
+    """lax.div / lax.rem on int32 with XLA's answers where C's are undefined (x / 0 = -1, x % 0 = x,
+    INT_MIN / -1 = INT_MIN, INT_MIN % -1 = 0)."""
+    return jax.lax.div(a, b), jax.lax.rem(a, b)
+
+
+def test_integer_division_matches_xla():
+    seed = (RUN_SEED + zlib.crc32(b"int_div_rem")) % (1 << 63)
+    rng = np.random.default_rng(seed)
+    a = rng.integers(-2**31, 2**31, (64, 300), dtype=np.int64).astype(np.int32)
+    b = rng.integers(-5, 6, (64, 300)).astype(np.int32)  # zeros and -1 among them
+    a[0, :4], b[0, :4] = np.iinfo(np.int32).min, [-1, 0, 1, -1]
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    what = _msg("int_div_rem", seed)
+    want = jax.jit(int_div_rem)(a, b)
+    with force_stitching():
+        assert jaxstitch.explain(int_div_rem, a, b).stitched_kernels == 1
+        _, got = run_stitched(int_div_rem, (a, b), what)
+    for i in range(2):
+        np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(want[i]), err_msg=f"{what} output {i}")

@@ -123,6 +123,11 @@ def _async_copyable(vec: int, itemsizes) -> bool:
     return bool(itemsizes) and all(vec * i in (4, 8) or (vec * i) % 16 == 0 for i in itemsizes)
 
 
+def stash_slot_bytes(block: int, chunks: int, vpt: int, vec: int, itemsize: int) -> int:
+    """Bytes one row input takes in a stash buffer: every thread's vectors of every chunk."""
+    return block * chunks * vpt * vec * itemsize
+
+
 def _row_shape(length: int, vec: int, budget: int, max_tpr: int) -> tuple[int, int, int]:
     """Threads per row, vectors per thread and chunks for rows of `length` elements."""
     tpr = min(max_tpr, _pow2_at_least(math.ceil(length / budget)))
@@ -180,7 +185,7 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     if chunks > 1 and col_partials:
         raise Unplannable(f"column reductions over rows of {c} elements (longer than a block "
                           "holds in registers) are not implemented")
-    stage = block * chunks * vpt * vec * sum(stash_itemsizes)  # one row group's row inputs
+    stage = sum(stash_slot_bytes(block, chunks, vpt, vec, i) for i in stash_itemsizes)  # a row group's
     room = target.smem_optin - STATIC_SMEM_RESERVE
     copyable = _async_copyable(vec, stash_itemsizes)
     stash, stages = REGISTERS, 0
