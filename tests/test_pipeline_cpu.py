@@ -534,6 +534,42 @@ def test_grad_and_vmap_of_stitched_function():
     assert_close(got, want, "vmap")
 
 
+def _softmax_layernorm_loss(x, g, b):
+    from jaxstitch.workloads import layernorm, softmax
+    return jnp.sum(softmax(layernorm(x, g, b)) ** 2)
+
+
+@pytest.mark.parametrize("compose", [
+    "jit(grad(stitched))", "grad(checkpoint(stitched))", "stitched(grad(checkpoint(f)))",
+    "vmap(grad(stitched))",
+])
+def test_transformations_compose_with_stitched_functions(compose):
+    """jax.jit, jax.grad, jax.checkpoint and jax.vmap around and inside jaxstitch.jit (planned for a
+    GPU target, so the stitch primitive itself is transformed) give plain JAX's results."""
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((4, 64, 256)), jnp.float32)
+    g = jnp.asarray(1 + 0.1 * rng.standard_normal(256), jnp.float32)
+    b = jnp.asarray(0.1 * rng.standard_normal(256), jnp.float32)
+    f, grad = _softmax_layernorm_loss, jax.grad(_softmax_layernorm_loss)
+    stitched = jaxstitch.jit(f, target=TARGET)
+    cases = {
+        "jit(grad(stitched))": (lambda: jax.jit(jax.grad(stitched))(x[0], g, b), lambda: grad(x[0], g, b)),
+        "grad(checkpoint(stitched))": (lambda: jax.grad(jax.checkpoint(stitched))(x[0], g, b),
+                                       lambda: grad(x[0], g, b)),
+        "stitched(grad(checkpoint(f)))": (
+            lambda: jaxstitch.jit(jax.grad(jax.checkpoint(f)), target=TARGET)(x[0], g, b),
+            lambda: grad(x[0], g, b)),
+        "vmap(grad(stitched))": (lambda: jax.vmap(jax.grad(stitched), in_axes=(0, None, None))(x, g, b),
+                                 lambda: jax.vmap(grad, in_axes=(0, None, None))(x, g, b)),
+    }
+    run, reference = cases[compose]
+    with force_stitching():  # every region a stitch primitive, whatever the cost model says
+        assert explain(grad, x[0], g, b, target=TARGET).stitched_kernels >= 1
+        got = run()
+    want = reference()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * float(np.max(np.abs(want))))
+
+
 # ----------------------------------------------------------------------------------------------------
 # API
 # ----------------------------------------------------------------------------------------------------
