@@ -1,0 +1,240 @@
+"""What every part of a rendered kernel shares: the template files, the names of a thread's columns
+and stash slots, a line writer, and `Kernel`, which names values and emits ops, loads and stores.
+
+Values are named `v<id>`. A value stored per element (full or column storage) is an array of E
+registers indexed by the thread's element slot; a row or scalar value is one register. Layout ops
+emit nothing: their result is another name for the operand.
+"""
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+from .. import ir, ops as opdefs
+from ..plan import KernelPlan
+from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR
+from .cuda_ops import CTYPE, EXPR, STYPE, literal
+
+KERNEL_NAME = "jaxstitch_kernel"
+
+
+@functools.lru_cache(maxsize=None)
+def template(name: str) -> str:
+    return resources.files("jaxstitch.csrc_templates").joinpath(name).read_text()
+
+
+def vec_col(k: str) -> str:
+    """The first column of this thread's vector `k` in chunk `ch` (vectors of V, TPR threads a row)."""
+    return f"((ch * VPT + {k}) * TPR + lane) * V"
+
+
+def col_index(e: str) -> str:
+    """The column (of the whole row) of this thread's element slot `e` in chunk `ch`."""
+    return f"(ROW_C0 + {vec_col(f'({e}) / V')} + ({e}) % V)"
+
+
+def stash_slot(ptr: str) -> str:
+    """This thread's vector `k` of chunk `ch` in a stash buffer at `ptr`: slots interleave the block's
+    threads, so a warp's 16-byte accesses are contiguous."""
+    return f"{ptr} + ((ch * VPT + k) * BLOCK + tid) * V"
+
+
+class Writer:
+    def __init__(self, indent: int):
+        self.lines: list[str] = []
+        self.indent = indent
+
+    def __call__(self, line: str = ""):
+        self.lines.append("  " * self.indent + line)
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+class Kernel:
+    def __init__(self, plan: KernelPlan):
+        self.plan = plan
+        self.layout = plan.layout
+        self.m = plan.mapping
+        self.alias: dict[int, int] = {}
+        self.inputs = {v.id: i for i, v in enumerate(plan.region.inputs)}
+        self.outputs = list(plan.region.outputs)
+        self.split = self.m.splits > 1
+        self.exact_cols = (self.m.chunks * self.m.vpt * self.m.tpr * self.m.vec == self.m.slice_cols
+                           and self.m.slice_cols * self.m.splits == self.m.n_cols)
+        # A split row's slice changes with the block's task: it is walked as a chunked row is.
+        self.chunked = self.m.chunks > 1 or self.split
+        # Per-chunk kinds: what a thread holds as E-element arrays, made again for every chunk of a row.
+        self.per_chunk = (FULL, COL) if self.chunked else (FULL,)
+        self.n_row_red = 0
+        # The js_red bank pairs of the row loop's reduction rounds, round r using bank r % 2: a bank
+        # is written again two rounds later, after the other round's barrier, so a round needs no
+        # barrier after its reads, except the last one of an odd count (see _drop_reuse_barriers).
+        self.red_rounds: list[tuple[Writer, int]] = []
+        # Rematerialization: a full-size value is kept in registers only within the phase that made
+        # it; a later phase recomputes it from the loaded inputs, so the registers held across the
+        # row reductions are just the inputs' (memory-bound kernels have ALU to spare).
+        self.phase: int | None = None
+        self.writer: Writer | None = None
+        self.def_op: dict[int, ir.Op] = {}
+        self.def_phase: dict[int, int] = {}
+        self.copies: dict[tuple[int, int], str] = {}
+        # Values that are a float rounded to a half type: stored from the float itself, since the
+        # store rounds it the same way (one rounding instead of two).
+        self.rounded_from: dict[int, ir.Atom] = {}
+
+    # ---- naming -------------------------------------------------------------------------------
+    def root(self, vid: int) -> int:
+        while vid in self.alias:
+            vid = self.alias[vid]
+        return vid
+
+    def placed(self, v: ir.Value):
+        return self.layout.of(v)
+
+    def is_array(self, v: ir.Value) -> bool:
+        return self.placed(v).storage in (FULL, COL) and self.placed(v).level != EPILOGUE
+
+    def ref(self, a: ir.Atom, e: str = "e") -> str:
+        if isinstance(a, ir.Const):
+            return literal(a.value, a.dtype)
+        root = self.root(a.id)
+        name = f"v{root}"
+        if self.phase is not None and self.def_phase.get(root, self.phase) != self.phase:
+            name = self.rematerialize(root)
+        return f"{name}[{e}]" if self.is_array(a) else name
+
+    def rematerialize(self, root: int) -> str:
+        key = (root, self.phase)
+        if key not in self.copies:
+            name = f"v{root}_p{self.phase}"
+            op = self.def_op[root]
+            (self.iota if op.prim == "iota" else self.elementwise)(self.writer, op, name)
+            self.copies[key] = name
+        return self.copies[key]
+
+    def remember(self, op: ir.Op):
+        """An array made in this phase: later phases recompute it (see rematerialize)."""
+        out = op.outputs[0]
+        if self.phase is not None and self.is_array(out):
+            self.def_op[out.id], self.def_phase[out.id] = op, self.phase
+
+    def ctype(self, v: ir.Value) -> str:
+        return CTYPE[v.dtype]
+
+    def col_ok(self, e: str = "e") -> str:
+        if self.exact_cols:
+            return "true"
+        return f"({vec_col(f'({e}) / V')} < ROW_COLS)"  # V divides N_COLS and SLICE
+
+    # ---- ops --------------------------------------------------------------------------------------
+    def elementwise(self, w: Writer, op: ir.Op, name: str | None = None):
+        out = op.outputs[0]
+        if name is None:
+            name = f"v{out.id}"
+            self.remember(op)
+        args = [self.ref(a) for a in op.inputs]
+        if (op.prim == "div" and self.is_array(out) and self.ctype(out) == "float"
+                and not (isinstance(op.inputs[1], ir.Value) and self.is_array(op.inputs[1]))):
+            # One divisor for the whole row: its reciprocal once (js_div_by rounds as js_div does).
+            expr = f"js_div_by({args[0]}, {args[1]})"
+        else:
+            expr = EXPR[op.prim](op, args)
+        if (op.prim == "convert_element_type" and out.dtype in ("bfloat16", "float16")
+                and CTYPE[op.inputs[0].dtype] == "float"):
+            self.rounded_from[out.id] = op.inputs[0]
+        if self.is_array(out):
+            w(f"{self.ctype(out)} {name}[E];")
+            w("#pragma unroll")
+            w(f"for (int e = 0; e < E; ++e) {name}[e] = {expr};")
+        else:
+            w(f"const {self.ctype(out)} {name} = {expr};")
+
+    def iota(self, w: Writer, op: ir.Op, name: str | None = None):
+        out = op.outputs[0]
+        if name is None:
+            name = f"v{out.id}"
+            self.remember(op)
+        stride, size = self.placed(out).iota
+        if self.placed(out).storage == ROW:
+            w(f"const int {name} = (int)((row / {stride}) % {size});")
+        elif self.placed(out).storage == COL:
+            expr = col_index("e") + (f" / {stride}" if stride > 1 else "")
+            if stride * size < self.m.n_cols:  # else the quotient is below `size` already
+                expr += f" % {size}"
+            w(f"int {name}[E];")
+            w("#pragma unroll")
+            w(f"for (int e = 0; e < E; ++e) {name}[e] = {expr};")
+        else:
+            w(f"const int {name} = 0;")
+
+    def emit_op(self, w: Writer, op: ir.Op):
+        if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Const):
+            out = op.outputs[0]
+            w(f"const {self.ctype(out)} v{out.id} = {literal(op.inputs[0].value, out.dtype)};")
+        elif opdefs.is_layout(op):
+            self.alias[op.outputs[0].id] = self.root(op.inputs[0].id)
+        elif op.prim == "iota":
+            self.iota(w, op)
+        else:
+            self.elementwise(w, op)
+
+    # ---- memory -----------------------------------------------------------------------------------
+    def load_array(self, w: Writer, v: ir.Value, ptr: str, per_row: bool, stash: str | None = None,
+                   from_stash: bool = False):
+        """E elements of `v` owned by this thread (of the current chunk): of the current row, or of the
+        column vector. `stash` names this input's shared-memory stash: the first phase copies the
+        loaded vectors there, later phases read them back (each thread only its own slots)."""
+        ct, st = self.ctype(v), STYPE[v.dtype]
+        slot = stash_slot(stash) if stash else None
+        w(f"{ct} v{v.id}[E];")
+        w("#pragma unroll")
+        w("for (int k = 0; k < VPT; ++k) {")
+        w(f"  const int col0 = {vec_col('k')};")
+        guard = f"{'row_ok && ' if per_row else ''}col0 < ROW_COLS"
+        if stash is None:
+            w(f"  if ({guard}) js_load<{st}, V>({ptr} + col0, &v{v.id}[k * V]);")
+        elif from_stash:
+            w(f"  if ({guard}) js_load<{st}, V>({slot}, &v{v.id}[k * V]);")
+        else:
+            w(f"  if ({guard}) js_load_stash<{st}, V>({ptr} + col0, {slot}, &v{v.id}[k * V]);")
+        w(f"  else for (int i = 0; i < V; ++i) v{v.id}[k * V + i] = ({ct})0;")
+        w("}")
+
+    def store_array(self, w: Writer, v: ir.Value, out_index: int, guard: str, base: str):
+        st = STYPE[v.dtype]
+        w("#pragma unroll")
+        w("for (int k = 0; k < VPT; ++k) {")
+        w(f"  const int col0 = {vec_col('k')};")
+        w(f"  if ({guard}col0 < ROW_COLS) {{")
+        src = self.rounded_from.get(self.root(v.id), v)
+        w(f"    {self.ctype(src)} t[V];")
+        w("    for (int i = 0; i < V; ++i) { const int e = k * V + i; t[i] = " + self.ref(src) + "; }")
+        w(f"    js_store<{st}, V>(out{out_index} + {base}col0, t);")
+        w("  }")
+        w("}")
+
+    def store_output(self, w: Writer, v: ir.Value, where: str):
+        """Store `v` if it is a region output, once, where its value exists: full values per chunk of
+        the row ("chunk"), row values per row ("row"), column and scalar values before the row loop by
+        block 0 ("prologue"; column values of a chunked row are made per chunk, so block 0 stores
+        them in its first row's chunks)."""
+        for j, o in enumerate(self.outputs):
+            if o.id != v.id:
+                continue
+            p = self.placed(o)
+            st = STYPE[o.dtype]
+            if where == "chunk" and p.declared == FULL:
+                self.store_array(w, o, j, "row_ok && ", "row * N_COLS + ROW_C0 + ")
+            elif where == "row" and p.declared == ROW:
+                w(f"if (row_ok && lane == 0 && ROW_C0 == 0) out{j}[row] = js_io<{st}>::put({self.ref(o, '0')});")
+            elif p.declared == COL and (where, self.chunked and p.storage == COL) in (("prologue", False), ("chunk", True)):
+                if where == "chunk":  # the row-0 tasks (every slice of row 0)
+                    w("if (row == 0) {")
+                    self.store_array(w, o, j, "", "ROW_C0 + ")
+                else:
+                    w("if (blockIdx.x == 0 && row_in_block == 0) {")
+                    self.store_array(w, o, j, "", "")
+                w("}")
+            elif where == "prologue" and p.declared == SCALAR:
+                w(f"if (blockIdx.x == 0 && tid == 0) out{j}[0] = js_io<{st}>::put({self.ref(o, '0')});")

@@ -1,0 +1,125 @@
+"""Row reductions (per-thread partials, warp shuffles, one round through shared memory, and for a
+split row the slices' partials through the workspace) and the accumulation of grid reductions."""
+from __future__ import annotations
+
+from .. import ir
+from ..plan.layout import COL, FULL
+from .cuda_ops import ARG_REDUCE, REDUCE
+from .kernel import Kernel, Writer, col_index
+
+
+def reduce_init(k: Kernel, w: Writer, ops: list[ir.Op]):
+    """Per-thread partials of the row reductions finishing in this phase."""
+    for op in ops:
+        o = op.outputs[0]
+        if op.prim in ARG_REDUCE:
+            kind = "reduce_max" if ARG_REDUCE[op.prim] == "true" else "reduce_min"
+            w(f"float p{o.id} = {REDUCE[kind][1]['float']}; int q{o.id} = 0x7fffffff;")
+        else:
+            w(f"{k.ctype(o)} p{o.id} = {REDUCE[op.prim][1][k.ctype(o)]};")
+
+
+def reduce_accumulate(k: Kernel, w: Writer, ops: list[ir.Op]):
+    """Fold this thread's elements (of the current chunk) into its partials."""
+    for op in ops:
+        src, o = op.inputs[0], op.outputs[0]
+        w("#pragma unroll")
+        if op.prim in ARG_REDUCE:
+            w(f"for (int e = 0; e < E; ++e) if ({k.col_ok()}) js_arg_combine<{ARG_REDUCE[op.prim]}>"
+              f"(p{o.id}, q{o.id}, (float){k.ref(src)}, {col_index('e')});")
+        else:
+            fn, ct = REDUCE[op.prim][0], k.ctype(o)
+            w(f"for (int e = 0; e < E; ++e) if ({k.col_ok()}) p{o.id} = {fn}(p{o.id}, ({ct}){k.ref(src)});")
+
+
+def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
+    """Combine the partials across the row's threads: shuffles, then (rows wider than a warp) one
+    round through shared memory for the whole batch of reductions (one barrier pair)."""
+    if not ops:
+        return
+    slots = []
+    for op in ops:
+        o = op.outputs[0]
+        kind = "arg" if op.prim in ARG_REDUCE else k.ctype(o)
+        if k.m.tpr > 1 and kind == "arg":
+            w(f"js_group_arg_reduce<{min(k.m.tpr, 32)}, {ARG_REDUCE[op.prim]}>(p{o.id}, q{o.id});")
+        elif k.m.tpr > 1:
+            w(f"p{o.id} = js_group_reduce<{min(k.m.tpr, 32)}>(p{o.id}, {REDUCE[op.prim][0]});")
+        slots.append((op, kind))
+    if k.m.tpr > 32:
+        k.n_row_red = max(k.n_row_red, len(slots))
+        bank = len(k.red_rounds) % 2
+        w("if ((tid & 31) == 0) {")
+        for i, (op, kind) in enumerate(slots):
+            o = op.outputs[0].id
+            if kind == "arg":
+                w(f"  js_red[{bank}][{i}][row_in_block][lane >> 5] = p{o}; js_redi[{bank}][{i}][row_in_block][lane >> 5] = q{o};")
+            elif kind == "int":
+                w(f"  js_redi[{bank}][{i}][row_in_block][lane >> 5] = p{o};")
+            else:
+                w(f"  js_red[{bank}][{i}][row_in_block][lane >> 5] = (float)p{o};")
+        w("}")
+        w("__syncthreads();")
+        for i, (op, kind) in enumerate(slots):
+            o = op.outputs[0].id
+            if kind == "arg":
+                w(f"p{o} = js_red[{bank}][{i}][row_in_block][0]; q{o} = js_redi[{bank}][{i}][row_in_block][0];")
+                w(f"for (int j = 1; j < NWARPS_ROW; ++j) js_arg_combine<{ARG_REDUCE[op.prim]}>(p{o}, q{o}, js_red[{bank}][{i}][row_in_block][j], js_redi[{bank}][{i}][row_in_block][j]);")
+            else:
+                fn = REDUCE[op.prim][0]
+                arr = "js_redi" if kind == "int" else "js_red"
+                w(f"p{o} = {arr}[{bank}][{i}][row_in_block][0];")
+                w(f"for (int j = 1; j < NWARPS_ROW; ++j) p{o} = {fn}(p{o}, ({kind}){arr}[{bank}][{i}][row_in_block][j]);")
+        k.red_rounds.append((w, len(w.lines)))
+        w("__syncthreads();  // before js_red's bank is written again")
+    if k.split:
+        combine_slices(k, w, slots)
+    for op, kind in slots:
+        o = op.outputs[0]
+        w(f"const {k.ctype(o)} v{o.id} = {'q' if kind == 'arg' else 'p'}{o.id};")
+
+
+def combine_slices(k: Kernel, w: Writer, slots):
+    """A split row: each block has reduced its slice; the slices' partials meet in the workspace,
+    past a grid barrier, and every block of the row combines them in slice order."""
+    offsets = {g.value_id: g.offset for g in k.plan.split_partials}
+    w("if (tid == 0 && row_ok) {")
+    for op, kind in slots:
+        o = op.outputs[0].id
+        val = f"__int_as_float(p{o})" if kind == "int" else f"(float)p{o}"
+        w(f"  js_ws[{offsets[o]} + row * SPLITS + js_slice] = {val};")
+    w("}")
+    w("js_grid_sync(reinterpret_cast<unsigned int*>(ws) + 1, ++js_round * gridDim.x);")
+    w("if (row_ok) {")
+    for op, kind in slots:
+        o, fn = op.outputs[0].id, REDUCE[op.prim][0]
+        at = f"js_ws + {offsets[o]} + row * SPLITS"
+        get = (lambda i: f"__float_as_int(__ldcg({at} + {i}))") if kind == "int" else (lambda i: f"__ldcg({at} + {i})")
+        w(f"  p{o} = {get(0)};")
+        w(f"  for (int s = 1; s < SPLITS; ++s) p{o} = {fn}(p{o}, {get('s')});")
+    w("}")
+
+
+def grid_accumulate(k: Kernel, w: Writer, op: ir.Op):
+    src, out = op.inputs[0], op.outputs[0]
+    fn = REDUCE[op.prim][0]
+    if k.placed(out).declared == COL:
+        w("#pragma unroll")
+        w(f"for (int e = 0; e < E; ++e) if (row_ok && {k.col_ok()}) a{out.id}[e] = {fn}(a{out.id}[e], (float){k.ref(src)});")
+    elif k.placed(src).declared == FULL:
+        w("#pragma unroll")
+        w(f"for (int e = 0; e < E; ++e) if (row_ok && {k.col_ok()}) a{out.id} = {fn}(a{out.id}, (float){k.ref(src)});")
+    else:
+        w(f"if (row_ok && lane == 0 && ROW_C0 == 0) a{out.id} = {fn}(a{out.id}, (float){k.ref(src, '0')});")
+
+
+def drop_reuse_barriers(k: Kernel, loop_top_barrier: bool):
+    """Removes the barriers after reduction rounds whose bank the next writer reaches only past
+    another barrier: every round's but the last, and the last's too when the rounds per row are even
+    (the next row's first round uses the other bank) or the row loop starts with a barrier."""
+    n = len(k.red_rounds)
+    for r, (w, at) in enumerate(k.red_rounds):
+        if r < n - 1 or n % 2 == 0 or loop_top_barrier:
+            w.lines[at] = None
+    for w in {id(w): w for w, _ in k.red_rounds}.values():
+        w.lines[:] = [line for line in w.lines if line is not None]

@@ -1,0 +1,59 @@
+"""Row inputs in and out of the block's stash: async copies of the next row group (cp.async), and
+this thread's elements of a chunk from the stash or from global memory."""
+from __future__ import annotations
+
+from .. import ir
+from ..plan.layout import COL, FULL
+from .cuda_ops import STYPE
+from .kernel import Kernel, Writer, stash_slot, vec_col
+
+
+def stash_ptr(k: Kernel, v: ir.Value, offset: int) -> str:
+    buf = f"js_buf * {k.plan.stage_bytes} + " if k.m.stages == 2 else ""
+    return f"reinterpret_cast<{STYPE[v.dtype]}*>(js_dyn + {buf}{offset})"
+
+
+def load_chunk(k: Kernel, w: Writer, stash: dict[int, int], first_phase: bool):
+    """This thread's elements of the per-chunk inputs: row inputs from the stash when they were staged
+    into it, else from global memory in the first phase (copied to the stash when there is one) and
+    from the stash after; column inputs (chunked rows only) from global memory, where L1/L2 keep them."""
+    for v in k.plan.region.inputs:
+        p, i = k.layout.of(v), k.inputs[v.id]
+        if p.storage == FULL:
+            ptr = f"in{i} + row * N_COLS + ROW_C0"
+            if v.id in stash:
+                k.load_array(w, v, ptr, per_row=True, stash=stash_ptr(k, v, stash[v.id]),
+                             from_stash=k.m.stages > 0 or not first_phase)
+            else:
+                k.load_array(w, v, ptr, per_row=True)
+        elif p.storage == COL and k.chunked:
+            k.load_array(w, v, f"in{i} + ROW_C0", per_row=False)
+
+
+def stage_rows(k: Kernel, w: Writer, stash: dict[int, int], base: str):
+    """Start async copies of the row group at `base` into the stash buffer `js_buf` (this thread's
+    slots, every chunk) and commit them as one group."""
+    w("{")
+    if k.split:  # `base` is a task: a slice of a row
+        w(f"  const long long stask = {base};")
+        w("  const long long srow = stask / SPLITS;")
+        w("  const int sc0 = (int)(stask % SPLITS) * SLICE, scols = min(SLICE, N_COLS - sc0);")
+        w("  const bool sok = stask < N_TASKS && blockIdx.x < js_step;")
+    else:
+        w(f"  const long long srow = {base} + row_in_block;")
+        w("  const int sc0 = 0, scols = N_COLS;")
+        w("  const bool sok = srow < N_ROWS;")
+    w("  for (int ch = 0; ch < CHUNKS; ++ch) {")
+    w("#pragma unroll")
+    w("    for (int k = 0; k < VPT; ++k) {")
+    w(f"      const int col0 = {vec_col('k')};")
+    w("      const bool ok = sok && col0 < scols;")
+    for v in k.plan.region.inputs:
+        if v.id in stash:
+            i = k.inputs[v.id]
+            w(f"      js_stage<{STYPE[v.dtype]}, V>({stash_slot(stash_ptr(k, v, stash[v.id]))}, "
+              f"ok ? in{i} + srow * N_COLS + sc0 + col0 : in{i}, ok);")
+    w("    }")
+    w("  }")
+    w("  js_stage_commit();")
+    w("}")
