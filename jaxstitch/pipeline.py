@@ -26,6 +26,8 @@ class Compiled:
     cubin: bytes | None = dataclasses.field(repr=False)
     error: str | None
     spilled: bool = False
+    registers: int | None = None   # per thread, as NVRTC compiled it
+    tried: tuple[str, ...] = ()    # mappings compiled before this one, and why each lost
 
     @property
     def stitched(self) -> bool:
@@ -47,17 +49,23 @@ class Program:
 def compile_region(region, target: Target, cfg: Config) -> Compiled:
     """Plan, render and compile; a kernel that spills is planned again with the register cap of its
     launch bounds lifted, then with fewer threads per row (more registers each)."""
-    compiled = None
+    compiled, tried, seen = None, [], set()
     cap = cfg.tuning.max_tpr
     for max_tpr in [t for t in (1024, 512, 256) if t <= cap] or [cap]:
         for relaxed in (False, True):
             plan = plan_region(region, target, dataclasses.replace(cfg.tuning, max_tpr=max_tpr), relaxed)
-            if compiled is not None and (plan.kernel is None or plan.kernel.mapping == compiled.plan.kernel.mapping):
+            if compiled is not None and (plan.kernel is None or plan.kernel.mapping in seen):
                 continue  # nothing new to try here
+            if plan.kernel is not None:
+                seen.add(plan.kernel.mapping)
+            if compiled is not None:
+                m = compiled.plan.kernel.mapping
+                tried.append(f"{m.name} (registers for {m.min_blocks} blocks of {m.block} per SM): "
+                             f"spills with {compiled.registers} registers")
             compiled = _compile_plan(plan, target, cfg)
             if not compiled.spilled:
-                return compiled
-    return compiled
+                return dataclasses.replace(compiled, tried=tuple(tried))
+    return dataclasses.replace(compiled, tried=tuple(tried))
 
 
 def _compile_plan(plan: RegionPlan, target: Target, cfg: Config) -> Compiled:
@@ -73,11 +81,11 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config) -> Compiled:
         log.warning("region %d falls back to XLA: %s", plan.region.id, str(e).splitlines()[0])
         return Compiled(plan, source.code, None, None, f"NVRTC: {e}")
     if res.spill_bytes > 0:
-        why = (f"the kernel spills {res.spill_bytes} bytes of registers ({res.registers} used): rows this "
-               "long need task splitting over blocks (not implemented yet)")
+        why = (f"the kernel spills {res.spill_bytes} bytes of registers ({res.registers} used) "
+               "in every thread mapping tried")
         log.info("region %d falls back to XLA: %s", plan.region.id, why)
-        return Compiled(plan, source.code, key, None, why, spilled=True)
-    return Compiled(plan, source.code, key, cubin, None)
+        return Compiled(plan, source.code, key, None, why, spilled=True, registers=res.registers)
+    return Compiled(plan, source.code, key, cubin, None, registers=res.registers)
 
 
 def _fits_one_kernel(region) -> bool:

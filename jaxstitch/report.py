@@ -24,6 +24,9 @@ class RegionReport:
     xla_est_us: float | None
     reason: str | None
     cache_key: str | None
+    smem_bytes: int | None = None     # dynamic shared memory per block (the stash)
+    registers: int | None = None      # per thread, as compiled
+    alternatives: tuple[str, ...] = ()  # mappings compiled first, and why each lost
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +55,9 @@ class Report:
         widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
         lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, widths))]
         lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
+        for r in self.regions:
+            for alt in r.alternatives:
+                lines.append(f"  region {r.index} tried {alt}")
         if self.xla_ops:
             lines.append("left to XLA: " + "; ".join(f"{p} ({why})" for p, why in self.xla_ops))
         return "\n".join(lines)
@@ -73,7 +79,8 @@ def make_report(program: Program) -> Report:
             grid=m.grid if m else None, block=m.block if m else None,
             est_bytes=est.bytes if est else None, est_us=est.us if est else None,
             xla_kernels=est.xla_kernels if est else None, xla_est_us=est.xla_us if est else None,
-            reason=c.reason, cache_key=c.key))
+            reason=c.reason, cache_key=c.key, smem_bytes=m.smem_bytes if m else None,
+            registers=c.registers, alternatives=c.tried))
     ops = program.traced.graph.ops
     seen = []
     for idx, why in program.partition.unsupported:

@@ -341,6 +341,21 @@ def test_long_rows_are_chunked(fn, specs, stash):
 
 
 @needs_nvrtc
+def test_spilling_kernels_fall_back_and_report_what_was_tried(monkeypatch):
+    """32 elements per thread with registers for 2048 threads per SM spills; the retry without the
+    register cap spills too: the region goes back to XLA, and the report lists the mapping that lost."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", "elems=32,min_threads=2048")
+    x, c = S((4096, 1024), jnp.float32), S((1024,), jnp.float32)
+    report = explain(WORKLOADS["layernorm_fwdbwd"].fn, x, c, c, x, target="h100")
+    r = report.regions[0]
+    assert not r.stitched and "spills" in r.reason, str(report)
+    assert r.alternatives and all("spills with" in a for a in r.alternatives), str(report)
+    assert f"region {r.index} tried" in str(report)
+    monkeypatch.delenv("JAXSTITCH_TUNE")
+    r = explain(WORKLOADS["layernorm_fwdbwd"].fn, x, c, c, x, target="h100").regions[0]
+    assert r.stitched and r.registers  # (its first mapping may have spilled too: then it says so)
+
+@needs_nvrtc
 @pytest.mark.parametrize("fn,specs", [
     (softmax_fwdbwd, (S((32, 262144), jnp.float32),) * 2),
     (softmax_fwdbwd, (S((32, 262144), jnp.bfloat16),) * 2),
