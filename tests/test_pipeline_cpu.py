@@ -355,6 +355,7 @@ def test_spilling_kernels_fall_back_and_report_what_was_tried(monkeypatch):
     r = explain(WORKLOADS["layernorm_fwdbwd"].fn, x, c, c, x, target="h100").regions[0]
     assert r.stitched and r.registers  # (its first mapping may have spilled too: then it says so)
 
+
 @needs_nvrtc
 @pytest.mark.parametrize("fn,specs", [
     (softmax_fwdbwd, (S((32, 262144), jnp.float32),) * 2),
