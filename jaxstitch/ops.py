@@ -81,3 +81,8 @@ def is_layout(op: ir.Op) -> bool:
 
 def is_grid_reduction(op: ir.Op) -> bool:
     return op.prim in REDUCTIONS and reduce_kind(op) == "grid"
+
+
+def is_row_reduction(op: ir.Op) -> bool:
+    """A reduction over each row's columns (neither a layout no-op nor over the whole grid)."""
+    return op.prim in REDUCTIONS and not is_layout(op) and not is_grid_reduction(op)

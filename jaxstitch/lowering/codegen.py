@@ -16,7 +16,7 @@ from . import reductions
 from .cuda_ops import CTYPE, REDUCE, STYPE
 from .epilogue import render_epilogue
 from .kernel import KERNEL_NAME, Kernel, Writer, template  # noqa: F401 - KERNEL_NAME: the stitcher's
-from .staging import load_chunk, stage_rows
+from .staging import first_row_group, load_chunk, next_row_group, stage_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,9 +43,9 @@ def _phases(k: Kernel, body_ops, grid_ops, level: dict) -> list[_Phase]:
     layout = k.layout
     phases = []
     for lv in range(max([level[o.outputs[0].id] for o in body_ops] + [0]) + 1):
-        made = tuple(op for op in body_ops if not _is_row_reduction(op) and not opdefs.is_grid_reduction(op)
+        made = tuple(op for op in body_ops if not opdefs.is_row_reduction(op) and not opdefs.is_grid_reduction(op)
                      and level[op.outputs[0].id] == lv)
-        reds = tuple(op for op in body_ops if _is_row_reduction(op) and level[op.inputs[0].id] == lv)
+        reds = tuple(op for op in body_ops if opdefs.is_row_reduction(op) and level[op.inputs[0].id] == lv)
         grids = tuple(op for op in grid_ops if level[op.inputs[0].id] == lv)
         per_elem_grids = tuple(op for op in grids if layout.of(op.inputs[0]).declared == FULL
                                or layout.of(op.outputs[0]).declared == COL)
@@ -57,13 +57,9 @@ def _phases(k: Kernel, body_ops, grid_ops, level: dict) -> list[_Phase]:
     return phases
 
 
-def _is_row_reduction(op: ir.Op) -> bool:
-    return op.prim in opdefs.REDUCTIONS and not opdefs.is_layout(op) and not opdefs.is_grid_reduction(op)
-
-
 def _defined_at(op: ir.Op, level: dict) -> int:
     """The phase whose code defines op's output: a row reduction finishes in its operand's phase."""
-    return level[op.inputs[0].id] if _is_row_reduction(op) else level[op.outputs[0].id]
+    return level[op.inputs[0].id] if opdefs.is_row_reduction(op) else level[op.outputs[0].id]
 
 
 def render(plan: KernelPlan) -> Source:
@@ -126,11 +122,11 @@ def render(plan: KernelPlan) -> Source:
     k.writer = body
     if m.stages:  # the first row group's copies start before the loop; see mapping.py
         pro("int js_buf = 0;")
-        stage_rows(k, pro, stash, "(long long)blockIdx.x" if k.split else "(long long)blockIdx.x * RPB")
+        stage_rows(k, pro, stash, first_row_group(k))
     if m.stages == 2:  # refill the other buffer (read by the last row group: all its reads are done)
         body("__syncthreads();")
         body("js_buf ^= 1;")
-        stage_rows(k, body, stash, "base + js_step" if k.split else "base + (long long)gridDim.x * RPB")
+        stage_rows(k, body, stash, next_row_group(k))
         body("js_buf ^= 1;  // back to this row group's buffer; the loop's end moves on to the next")
         body("js_stage_wait<1>();")
     elif m.stages == 1:
@@ -174,7 +170,7 @@ def render(plan: KernelPlan) -> Source:
             k.writer = body
         if m.stages == 1 and lv == last_chunk_phase:  # the stash is read for the last time: refill it
             body("__syncthreads();")
-            stage_rows(k, body, stash, "base + js_step" if k.split else "base + (long long)gridDim.x * RPB")
+            stage_rows(k, body, stash, next_row_group(k))
         reductions.reduce_finish(k, body, ph.reductions)
         for v in ph.stored:
             k.store_output(body, v, "row")

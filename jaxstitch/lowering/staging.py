@@ -30,6 +30,16 @@ def load_chunk(k: Kernel, w: Writer, stash: dict[int, int], first_phase: bool):
             k.load_array(w, v, f"in{i} + ROW_C0", per_row=False)
 
 
+def first_row_group(k: Kernel) -> str:
+    """This block's first row group (a split row's task: a slice of a row)."""
+    return "(long long)blockIdx.x" if k.split else "(long long)blockIdx.x * RPB"
+
+
+def next_row_group(k: Kernel) -> str:
+    """The row group this block takes after the current one (`base`)."""
+    return "base + js_step" if k.split else "base + (long long)gridDim.x * RPB"
+
+
 def stage_rows(k: Kernel, w: Writer, stash: dict[int, int], base: str):
     """Start async copies of the row group at `base` into the stash buffer `js_buf` (this thread's
     slots, every chunk) and commit them as one group."""

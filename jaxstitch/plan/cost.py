@@ -52,17 +52,20 @@ def _nbytes(p, layout: Layout) -> int:
 
 
 def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
-             grid_syncs: int, target: Target, rereads: bool = False, busy_sms: int | None = None) -> Estimate:
-    """`grid_syncs`: grid-wide barriers the kernel crosses; `rereads`: phases after the first read
-    their row inputs again from global memory (L2); `busy_sms`: the SMs our grid occupies (fewer
-    than the target has when there are few rows)."""
+             target: Target, rereads: bool = False, busy_sms: int | None = None,
+             split_rounds: int = 0) -> Estimate:
+    """`rereads`: phases after the first read their row inputs again from global memory (L2);
+    `busy_sms`: the SMs our grid occupies (fewer than the target has when there are few rows);
+    `split_rounds`: rounds of (row, slice) tasks when rows are split over blocks, each crossing a
+    grid barrier per row reduction level."""
     bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
     io = [layout.of(v) for v in inputs] + [layout.of(v) for v in outputs]
     must_move = sum(_nbytes(p, layout) for p in io)
     ours = (must_move + 2 * workspace_bytes) / (bw * OUR_EFFICIENCY) + target.launch_us
-    ours += grid_syncs * target.grid_sync_us
     full_in = sum(_nbytes(layout.of(v), layout) for v in inputs if layout.of(v).declared == FULL)
     row_levels = max((p.level for p in layout.values if p.level != EPILOGUE), default=0)
+    grid_syncs = (1 if n_grid_reductions else 0) + row_levels * split_rounds
+    ours += grid_syncs * target.grid_sync_us
     if rereads:
         ours += row_levels * full_in / (bw * L2_SPEEDUP)
     if busy_sms is not None:

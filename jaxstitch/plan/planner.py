@@ -92,8 +92,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         if any(op.prim in ("argmax", "argmin") for op in grid_ops):
             raise Unplannable("argmax/argmin over the whole grid")
         row_inputs = [v for v in region.inputs if layout.of(v).storage == FULL]
-        row_reductions = [op for op in region.ops if op.prim in opdefs.REDUCTIONS
-                          and not opdefs.is_layout(op) and not opdefs.is_grid_reduction(op)]
+        row_reductions = [op for op in region.ops if opdefs.is_row_reduction(op)]
         mp = mapping_mod.choose(layout, list(region.inputs) + list(region.outputs),
                                 _live_arrays(region, layout), bool(grid_ops), target, tuning,
                                 stash_itemsizes=tuple(v.itemsize for v in row_inputs),
@@ -120,11 +119,9 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     except Unplannable as e:
         return RegionPlan(region, None, None, str(e))
     busy_sms = min(target.sm_count, mp.grid)
-    row_levels = max((p.level for p in layout.values if p.level > 0), default=0)
-    rounds = -(-mp.n_rows * mp.splits // mp.grid)
-    syncs = (1 if grid_ops else 0) + (row_levels * rounds if mp.splits > 1 else 0)
-    est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, syncs, target,
-                        rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms)
+    split_rounds = -(-mp.n_rows * mp.splits // mp.grid) if mp.splits > 1 else 0
+    est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, target,
+                        rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms, split_rounds=split_rounds)
     reason = None
     min_gain = cost.MIN_GAIN if tuning.min_gain_pct is None else tuning.min_gain_pct / 100
     if est.xla_kernels == 1 or est.speedup < min_gain:
