@@ -65,20 +65,33 @@ template <> __device__ __forceinline__ js_bf16 js_from_bits(unsigned int b) { js
 template <> __device__ __forceinline__ js_f16 js_from_bits(unsigned int b) { js_f16 r; r.bits = (unsigned short)b; return r; }
 template <> __device__ __forceinline__ unsigned char js_from_bits(unsigned int b) { return (unsigned char)b; }
 
+// More than 16 bytes (a vector wider than the widest access) moves as 16-byte pieces.
 template <int WORDS> __device__ __forceinline__ void js_read_words(const void* p, unsigned int* w) {
-  if constexpr (WORDS == 4) { uint4 x = *reinterpret_cast<const uint4*>(p); w[0] = x.x; w[1] = x.y; w[2] = x.z; w[3] = x.w; }
+  if constexpr (WORDS > 4) {
+#pragma unroll
+    for (int i = 0; i < WORDS; i += 4) js_read_words<4>(static_cast<const char*>(p) + 4 * i, w + i);
+  }
+  else if constexpr (WORDS == 4) { uint4 x = *reinterpret_cast<const uint4*>(p); w[0] = x.x; w[1] = x.y; w[2] = x.z; w[3] = x.w; }
   else if constexpr (WORDS == 2) { uint2 x = *reinterpret_cast<const uint2*>(p); w[0] = x.x; w[1] = x.y; }
   else { w[0] = *reinterpret_cast<const unsigned int*>(p); }
 }
 template <int WORDS> __device__ __forceinline__ void js_write_words(void* p, const unsigned int* w) {
-  if constexpr (WORDS == 4) *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  if constexpr (WORDS > 4) {
+#pragma unroll
+    for (int i = 0; i < WORDS; i += 4) js_write_words<4>(static_cast<char*>(p) + 4 * i, w + i);
+  }
+  else if constexpr (WORDS == 4) *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
   else if constexpr (WORDS == 2) *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
   else *reinterpret_cast<unsigned int*>(p) = w[0];
 }
 // As js_write_words to global memory, as one instruction: NVVM split the uint4 store above into four
 // 4-byte stores in some kernels (layer norm's), a quarter of the bytes per store instruction.
 template <int WORDS> __device__ __forceinline__ void js_write_words_global(void* p, const unsigned int* w) {
-  if constexpr (WORDS == 4)
+  if constexpr (WORDS > 4) {
+#pragma unroll
+    for (int i = 0; i < WORDS; i += 4) js_write_words_global<4>(static_cast<char*>(p) + 4 * i, w + i);
+  }
+  else if constexpr (WORDS == 4)
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
   else if constexpr (WORDS == 2)
     asm volatile("st.global.v2.b32 [%0], {%1, %2};" :: "l"(p), "r"(w[0]), "r"(w[1]) : "memory");
@@ -217,6 +230,32 @@ __device__ __forceinline__ T js_group_reduce(T x, Op op) {
 #pragma unroll
   for (int o = W / 2; o > 0; o >>= 1) x = op(x, __shfl_xor_sync(0xffffffffu, x, o));
   return x;
+}
+
+// Online softmax partials (m, s): s is the sum of exp(x - m) over the elements folded so far. Partials
+// merge at the largest max, each sum rescaled to it. A max of -inf (no element yet, or only -inf ones)
+// shifts by 0: their terms are exp(-inf) = 0, never exp(-inf - -inf) = NaN.
+__device__ __forceinline__ float js_lse_shift(float m) { return m == -JS_INF ? 0.0f : m; }
+__device__ __forceinline__ void js_lse_combine(float& m, float& s, float m2, float s2) {
+  const float mn = js_max(m, m2), sh = js_lse_shift(mn);
+  s = s * expf(m - sh) + s2 * expf(m2 - sh);
+  m = mn;
+}
+// Over aligned groups of W lanes: the group's max first, then each lane's sum rescaled to it (one exp
+// per lane) and summed; every lane ends with the group's pair.
+template <int W>
+__device__ __forceinline__ void js_group_lse(float& m, float& s) {
+  const float mx = js_group_reduce<W>(m, js_max_op());
+  s = js_group_reduce<W>(s * expf(m - js_lse_shift(mx)), js_sum_op());
+  m = mx;
+}
+// The pairs of the NW warps of a row (NW <= 32), from shared memory: lane j takes warp j's pair.
+template <int NW>
+__device__ __forceinline__ void js_warps_lse(float& m, float& s, const float* ms, const float* ss) {
+  const int j = threadIdx.x & 31;
+  m = j < NW ? ms[j] : -JS_INF;
+  s = j < NW ? ss[j] : 0.0f;
+  js_group_lse<32>(m, s);
 }
 
 // (value, index) pairs for argmax/argmin: ties and NaNs resolve to the smallest index, like XLA.

@@ -74,7 +74,7 @@ def make_report(program: Program) -> Report:
         regions.append(RegionReport(
             index=plan.region.id, ops=tuple(op.prim for op in plan.region.ops), stitched=c.stitched,
             kernels=1 if c.stitched else (est.xla_kernels if est else 1),
-            scheme=k.scheme if k else None, mapping=m.name if m else None,
+            scheme=k.scheme if k else None, mapping=k.description if k else None,
             rows=m.n_rows if m else None, cols=m.n_cols if m else None,
             grid=m.grid if m else None, block=m.block if m else None,
             est_bytes=est.bytes if est else None, est_us=est.us if est else None,

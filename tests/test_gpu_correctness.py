@@ -368,3 +368,61 @@ def test_integer_division_matches_xla():
         _, got = run_stitched(int_div_rem, (a, b), what)
     for i in range(2):
         np.testing.assert_array_equal(np.asarray(got[i]), np.asarray(want[i]), err_msg=f"{what} output {i}")
+
+
+def softmax_and_log(x):
+    """A softmax and a log-softmax: both reduce max and sum of exp in one pass (plan/online.py)."""
+    return jax.nn.softmax(x, axis=-1), jax.nn.log_softmax(x, axis=-1)
+
+
+def _special_rows(rng, n, c):
+    """Rows that test the online max and sum: all -inf (NaN, as two passes give), mostly -inf (the
+    running max starts at -inf), one +inf, one NaN, a max that grows in every chunk or only at the start."""
+    x = rng.standard_normal((n, c)) * 10
+    x[0] = -np.inf
+    x[1, : 3 * c // 4] = -np.inf
+    x[2, c // 2] = np.inf
+    x[3, c // 3] = np.nan
+    x[4] = np.linspace(-50, 50, c)
+    x[5] = np.linspace(50, -50, c)
+    x[6, -1] = 80.0
+    return x
+
+
+@pytest.mark.parametrize("c", [64, 1000, 40000])
+def test_online_softmax_special_rows_match_xla(c):
+    seed = (RUN_SEED + zlib.crc32(f"online{c}".encode())) % (1 << 63)
+    x = jnp.asarray(_special_rows(np.random.default_rng(seed), 64, c), jnp.float32)
+    what = _msg(f"softmax_and_log over {c} columns", seed)
+    want = jax.jit(softmax_and_log)(x)
+    with force_stitching():
+        report = jaxstitch.explain(softmax_and_log, x)
+        assert report.stitched_kernels == 1 and "online" in report.regions[0].mapping
+        _, got = run_stitched(softmax_and_log, (x,), what)
+    for i, (a, b) in enumerate(zip(got, want)):
+        a, b = np.asarray(a), np.asarray(b)
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=f"{what} output {i}: NaN positions")
+        compare(a, b, f"{what} output {i}")
+
+
+def one_hot_xent(logits, labels):
+    """Cross-entropy with a one-hot made by `labels == iota` (the compare codegen writes per vector)."""
+    one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
+    return jax.value_and_grad(lambda z: -jnp.mean(jnp.sum(one_hot * jax.nn.log_softmax(z), axis=-1)))(logits)
+
+
+def test_one_hot_labels_at_the_edges_match_xla():
+    seed = (RUN_SEED + zlib.crc32(b"one_hot_edges")) % (1 << 63)
+    rng = np.random.default_rng(seed)
+    n, c = 300, 5003
+    labels = rng.integers(0, c, n).astype(np.int32)
+    labels[:6] = [0, c - 1, -1, c, np.iinfo(np.int32).min, np.iinfo(np.int32).max]  # out of range: no class
+    logits = jnp.asarray(rng.standard_normal((n, c)) * 3, jnp.float32)
+    labels = jnp.asarray(labels)
+    what = _msg("one_hot_xent", seed)
+    want = jax.jit(one_hot_xent)(logits, labels)
+    with force_stitching():
+        assert jaxstitch.explain(one_hot_xent, logits, labels).stitched_kernels == 1
+        _, got = run_stitched(one_hot_xent, (logits, labels), what)
+    for i, (a, b) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+        compare(a, b, f"{what} output {i}")

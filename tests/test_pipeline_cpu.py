@@ -7,6 +7,7 @@ so every kernel the planner wants is really compiled.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -292,7 +293,7 @@ def test_bias_gelu_declined_because_xla_fuses_it(dtype):
 # thread mapping
 # ----------------------------------------------------------------------------------------------------
 
-STAGED = r"(, [12]-stage async loads)?"
+STAGED = r"(, [12]-stage async loads)?(, online softmax x\d+)?"
 
 
 @pytest.mark.parametrize("c,n,pattern", [
@@ -796,3 +797,71 @@ def test_cache_key_depends_on_source_and_arch():
 def test_session_cache_dir_is_private(_jaxstitch_session_env):
     assert os.environ["JAXSTITCH_CACHE_DIR"] == str(_jaxstitch_session_env)
     assert config.load().cache_dir == str(_jaxstitch_session_env)
+
+
+# ----------------------------------------------------------------------------------------------------
+# online softmax (plan/online.py)
+# ----------------------------------------------------------------------------------------------------
+
+def _logsumexp_shifted_by_mean(x):
+    m = jnp.mean(x, axis=-1, keepdims=True)  # not the max: the sum cannot be folded into another pass
+    return jnp.log(jnp.sum(jnp.exp(x - m), axis=-1))
+
+
+def _two_softmaxes(x, y):
+    return jax.nn.softmax(x, axis=-1) + jax.nn.softmax(y * 2.0, axis=-1)
+
+
+@pytest.mark.parametrize("fn,n_specs,pairs,levels,two_pass_levels", [
+    (lambda x: jax.nn.softmax(x, axis=-1), 1, 1, 1, 2),
+    (lambda x: jax.nn.log_softmax(x, axis=-1), 1, 1, 1, 2),
+    (softmax_fwdbwd, 2, 1, 2, 3),                   # max+sum, then the backward's sum(dy * y)
+    (_two_softmaxes, 2, 2, 1, 2),
+    (_logsumexp_shifted_by_mean, 1, 0, 2, 2),
+    (lambda x: jnp.sum(jnp.exp(x - jnp.max(x, axis=-1, keepdims=True)) * x, axis=-1), 1, 0, 2, 2),
+], ids=["softmax", "log_softmax", "softmax_fwdbwd", "two_softmaxes", "mean_shift", "weighted_sum"])
+def test_online_softmax_pairs_and_levels(fn, n_specs, pairs, levels, two_pass_levels):
+    """A row's max and its sum of exp(x - max) are reduced in one pass (the sum takes the max's level)
+    only when the sum is exactly that; anything else keeps its own pass. JAXSTITCH_TUNE online=0
+    plans the two passes as written."""
+    specs = [S((256, 1000), jnp.float32)] * n_specs
+    plan = _program(fn, specs).regions[0].plan.kernel
+    assert (len(plan.online), plan.layout.levels) == (pairs, levels), plan.online
+    cfg = config.load()
+    off = dataclasses.replace(cfg, tuning=dataclasses.replace(cfg.tuning, online=0))
+    tree = jax.tree_util.tree_structure((tuple(specs), {}))
+    plain = pipeline.build(fn, specs, tree, jaxstitch.get_target(TARGET), off).regions[0].plan.kernel
+    assert (plain.online, plain.layout.levels) == ((), two_pass_levels)
+
+
+def test_xent_reduces_max_and_sum_in_one_pass():
+    """Cross-entropy's forward (max, then sum of exp) and backward: two passes over the row, not three."""
+    program = _program(xent_fwdbwd, list(_xent_specs(256, 32000, jnp.bfloat16)))
+    plan = program.regions[0].plan.kernel
+    assert len(plan.online) == 1 and plan.layout.levels == 2  # three without it
+    assert "online softmax x1" in explain(xent_fwdbwd, *_xent_specs(256, 32000, jnp.bfloat16)).regions[0].mapping
+
+
+@needs_nvrtc
+def test_one_hot_compare_is_written_per_vector():
+    """`labels == iota` compiles to the row value minus the vector's first column against a constant
+    (so nothing per element but the compare), and the kernel compiles."""
+    program = _program(xent_fwdbwd, list(_xent_specs(256, 32000, jnp.float32)))
+    region = program.regions[0]
+    assert region.stitched, region.reason
+    from jaxstitch.lowering import codegen
+    code = codegen.render(region.plan.kernel).code
+    assert re.search(r"\(unsigned int\)\(v\d+\) - \(unsigned int\)\(ROW_C0 \+", code), code
+
+
+def _broadcast_row_output(x, r):
+    return jnp.exp(jnp.tanh(x)), jnp.broadcast_to(r[:, None], x.shape)
+
+
+def test_vector_width_counts_broadcast_outputs():
+    """A region whose only full-size array is a broadcast row value, stored as an output: its vectors
+    are 16 bytes of that output's dtype (found on a GPU: 32-byte float vectors wrote one word in 8)."""
+    with force_stitching():
+        program = _program(_broadcast_row_output, [S((1, 128), jnp.float32), S((1,), jnp.float32)])
+    plans = [r.plan.kernel for r in program.regions if r.plan.kernel is not None]
+    assert plans and all(p.mapping.vec * 4 <= 16 for p in plans), [p.mapping for p in plans]

@@ -45,11 +45,11 @@ def _phases(k: Kernel, body_ops, grid_ops, level: dict) -> list[_Phase]:
     for lv in range(max([level[o.outputs[0].id] for o in body_ops] + [0]) + 1):
         made = tuple(op for op in body_ops if not opdefs.is_row_reduction(op) and not opdefs.is_grid_reduction(op)
                      and level[op.outputs[0].id] == lv)
-        reds = tuple(op for op in body_ops if opdefs.is_row_reduction(op) and level[op.inputs[0].id] == lv)
+        reds = tuple(op for op in body_ops if opdefs.is_row_reduction(op) and _reduced_in(k, op, level) == lv)
         grids = tuple(op for op in grid_ops if level[op.inputs[0].id] == lv)
         per_elem_grids = tuple(op for op in grids if layout.of(op.inputs[0]).declared == FULL
                                or layout.of(op.outputs[0]).declared == COL)
-        stored = tuple(op.outputs[0] for op in body_ops if _defined_at(op, level) == lv)
+        stored = tuple(op.outputs[0] for op in body_ops if _defined_at(k, op, level) == lv)
         chunk_work = bool(lv == 0 or reds or per_elem_grids
                           or any(layout.of(op.outputs[0]).storage in k.per_chunk for op in made)
                           or any(v in k.outputs and layout.of(v).declared in (FULL, COL) for v in stored))
@@ -57,9 +57,15 @@ def _phases(k: Kernel, body_ops, grid_ops, level: dict) -> list[_Phase]:
     return phases
 
 
-def _defined_at(op: ir.Op, level: dict) -> int:
-    """The phase whose code defines op's output: a row reduction finishes in its operand's phase."""
-    return level[op.inputs[0].id] if opdefs.is_row_reduction(op) else level[op.outputs[0].id]
+def _reduced_in(k: Kernel, op: ir.Op, level: dict) -> int:
+    """The phase folding a row reduction's operand: its own, or for an online sum its max's."""
+    pair = k.online_by_sum.get(op.outputs[0].id)
+    return level[pair.source_id] if pair else level[op.inputs[0].id]
+
+
+def _defined_at(k: Kernel, op: ir.Op, level: dict) -> int:
+    """The phase whose code defines op's output: a row reduction finishes in the phase folding it."""
+    return _reduced_in(k, op, level) if opdefs.is_row_reduction(op) else level[op.outputs[0].id]
 
 
 def render(plan: KernelPlan) -> Source:
@@ -203,7 +209,7 @@ def render(plan: KernelPlan) -> Source:
             "  for (long long base = (long long)blockIdx.x * RPB; base < N_ROWS; base += (long long)gridDim.x * RPB) {",
             "    const long long row = base + row_in_block;",
             "    const bool row_ok = row < N_ROWS;"])
-    summary = f"{len(region.ops)} ops, {m.n_rows}x{m.n_cols}, {m.name}, scheme {plan.scheme}"
+    summary = f"{len(region.ops)} ops, {m.n_rows}x{m.n_cols}, {plan.description}, scheme {plan.scheme}"
     code = string.Template(template("stitch_kernel.cu")).substitute(
         summary=summary, common=template("stitch_common.cuh"), n_rows=m.n_rows, n_cols=m.n_cols,
         vec=m.vec, tpr=m.tpr, vpt=m.vpt, chunks=m.chunks, rows_per_block=m.rows_per_block, block=m.block,

@@ -67,6 +67,10 @@ class Kernel:
         # Per-chunk kinds: what a thread holds as E-element arrays, made again for every chunk of a row.
         self.per_chunk = (FULL, COL) if self.chunked else (FULL,)
         self.n_row_red = 0
+        # Online softmax pairs (plan/online.py), by the max's and by the sum's output.
+        self.online_by_max = {o.max_id: o for o in plan.online}
+        self.online_by_sum = {o.sum_id: o for o in plan.online}
+        self.producer = {o.id: op for op in plan.region.ops for o in op.outputs}
         # The js_red bank pairs of the row loop's reduction rounds, round r using bank r % 2: a bank
         # is written again two rounds later, after the other round's barrier, so a round needs no
         # barrier after its reads, except the last one of an odd count (see _drop_reuse_barriers).
@@ -127,6 +131,19 @@ class Kernel:
             return "true"
         return f"({vec_col(f'({e}) / V')} < ROW_COLS)"  # V divides N_COLS and SLICE
 
+    def each_element(self, w: Writer, stmt: str, guard: str = ""):
+        """`stmt` for each of this thread's elements `e` in a real column (and `guard`), in element
+        order. The column test is per vector, so the compiler branches once per vector, not per element
+        (it branched around each element's exp, and predicated nothing)."""
+        w("#pragma unroll")
+        if self.exact_cols:
+            w(f"for (int e = 0; e < E; ++e) {'if (' + guard + ') ' if guard else ''}{stmt}")
+            return
+        w(f"for (int k = 0; k < VPT; ++k) if ({guard + ' && ' if guard else ''}{vec_col('k')} < ROW_COLS) {{")
+        w("  #pragma unroll")
+        w(f"  for (int i = 0; i < V; ++i) {{ const int e = k * V + i; {stmt} }}")
+        w("}")
+
     # ---- ops --------------------------------------------------------------------------------------
     def elementwise(self, w: Writer, op: ir.Op, name: str | None = None):
         out = op.outputs[0]
@@ -139,7 +156,7 @@ class Kernel:
             # One divisor for the whole row: its reciprocal once (js_div_by rounds as js_div does).
             expr = f"js_div_by({args[0]}, {args[1]})"
         else:
-            expr = EXPR[op.prim](op, args)
+            expr = self.column_compare(op) or EXPR[op.prim](op, args)
         if (op.prim == "convert_element_type" and out.dtype in ("bfloat16", "float16")
                 and CTYPE[op.inputs[0].dtype] == "float"):
             self.rounded_from[out.id] = op.inputs[0]
@@ -149,6 +166,24 @@ class Kernel:
             w(f"for (int e = 0; e < E; ++e) {name}[e] = {expr};")
         else:
             w(f"const {self.ctype(out)} {name} = {expr};")
+
+    def column_compare(self, op: ir.Op) -> str | None:
+        """`label == iota` (a one-hot row: an int per row against the column index) as one compare
+        per element: the row value minus the vector's first column, against the element's offset in
+        the vector (the difference is made once per vector). Unsigned, so it cannot overflow."""
+        if op.prim not in ("eq", "ne") or not all(isinstance(a, ir.Value) for a in op.inputs):
+            return None
+        for col, other in (op.inputs, op.inputs[::-1]):
+            src = self.producer.get(self.root(col.id))
+            if src is None or src.prim != "iota" or self.is_array(other) or CTYPE[other.dtype] != "int":
+                continue
+            p = self.placed(src.outputs[0])
+            if p.storage != COL or p.iota[0] != 1 or p.iota[1] < self.m.n_cols:
+                continue
+            first = f"(unsigned int)(ROW_C0 + {vec_col('(e) / V')})"
+            cmp = "==" if op.prim == "eq" else "!="
+            return f"((unsigned int)({self.ref(other)}) - {first} {cmp} (unsigned int)((e) % V))"
+        return None
 
     def iota(self, w: Writer, op: ir.Op, name: str | None = None):
         out = op.outputs[0]

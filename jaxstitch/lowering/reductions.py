@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import ir
 from ..plan.layout import COL, FULL
-from .cuda_ops import ARG_REDUCE, REDUCE
+from .cuda_ops import ARG_REDUCE, EXPR, REDUCE
 from .kernel import Kernel, Writer, col_index
 
 
@@ -23,13 +23,41 @@ def reduce_accumulate(k: Kernel, w: Writer, ops: list[ir.Op]):
     """Fold this thread's elements (of the current chunk) into its partials."""
     for op in ops:
         src, o = op.inputs[0], op.outputs[0]
-        w("#pragma unroll")
+        if o.id in k.online_by_sum:  # folded in with its max's
+            continue
+        if o.id in k.online_by_max:
+            _online_accumulate(k, w, op)
+            continue
         if op.prim in ARG_REDUCE:
-            w(f"for (int e = 0; e < E; ++e) if ({k.col_ok()}) js_arg_combine<{ARG_REDUCE[op.prim]}>"
-              f"(p{o.id}, q{o.id}, (float){k.ref(src)}, {col_index('e')});")
+            k.each_element(w, f"js_arg_combine<{ARG_REDUCE[op.prim]}>(p{o.id}, q{o.id}, (float){k.ref(src)}, "
+                              f"{col_index('e')});")
         else:
             fn, ct = REDUCE[op.prim][0], k.ctype(o)
-            w(f"for (int e = 0; e < E; ++e) if ({k.col_ok()}) p{o.id} = {fn}(p{o.id}, ({ct}){k.ref(src)});")
+            k.each_element(w, f"p{o.id} = {fn}(p{o.id}, ({ct}){k.ref(src)});")
+
+
+def _online_accumulate(k: Kernel, w: Writer, op: ir.Op):
+    """A max and its online sum (plan/online.py): the chunk's max, the new running max, the chunk's
+    exp(x - max) terms against it, and the partial sum so far rescaled to it. A max still -inf
+    shifts by 0, so that -inf elements add exp(-inf) = 0 and no NaN is made from -inf - -inf."""
+    pair = k.online_by_max[op.outputs[0].id]
+    m, s, x = f"p{pair.max_id}", f"p{pair.sum_id}", f"(float){k.ref(op.inputs[0])}"
+    sub, ex = k.producer[pair.diff_id], k.producer[pair.exp_id]
+
+    def exp_minus(a, b):  # exp(a - b), written as the region writes it
+        return EXPR[ex.prim](ex, [EXPR[sub.prim](sub, [a, b])])
+
+    w("{  // online softmax: the max and the sum of exp(x - max) in one pass")
+    inner = Writer(w.indent + 1)
+    inner("float js_lm = -JS_INF;")
+    k.each_element(inner, f"js_lm = js_max(js_lm, {x});")
+    inner(f"const float js_mn = js_max({m}, js_lm), js_sh = js_lse_shift(js_mn);")
+    inner("float js_t = 0.0f;")
+    k.each_element(inner, f"js_t += {exp_minus(x, 'js_sh')};")
+    inner(f"{s} = {s} * {exp_minus(m, 'js_sh')} + js_t;")
+    inner(f"{m} = js_mn;")
+    w.lines.extend(inner.lines)
+    w("}")
 
 
 def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
@@ -41,7 +69,12 @@ def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
     for op in ops:
         o = op.outputs[0]
         kind = "arg" if op.prim in ARG_REDUCE else k.ctype(o)
-        if k.m.tpr > 1 and kind == "arg":
+        pair = k.online_by_max.get(o.id)
+        if k.m.tpr > 1 and o.id in k.online_by_sum:
+            pass  # combined with its max, as a pair
+        elif k.m.tpr > 1 and pair:
+            w(f"js_group_lse<{min(k.m.tpr, 32)}>(p{o.id}, p{pair.sum_id});")
+        elif k.m.tpr > 1 and kind == "arg":
             w(f"js_group_arg_reduce<{min(k.m.tpr, 32)}, {ARG_REDUCE[op.prim]}>(p{o.id}, q{o.id});")
         elif k.m.tpr > 1:
             w(f"p{o.id} = js_group_reduce<{min(k.m.tpr, 32)}>(p{o.id}, {REDUCE[op.prim][0]});")
@@ -60,9 +93,16 @@ def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
                 w(f"  js_red[{bank}][{i}][row_in_block][lane >> 5] = (float)p{o};")
         w("}")
         w("__syncthreads();")
+        slot_of = {op.outputs[0].id: i for i, (op, _) in enumerate(slots)}
         for i, (op, kind) in enumerate(slots):
             o = op.outputs[0].id
-            if kind == "arg":
+            pair = k.online_by_max.get(o)
+            if o in k.online_by_sum:
+                continue
+            if pair:
+                j, red = slot_of[pair.sum_id], f"js_red[{bank}]"
+                w(f"js_warps_lse<NWARPS_ROW>(p{o}, p{pair.sum_id}, {red}[{i}][row_in_block], {red}[{j}][row_in_block]);")
+            elif kind == "arg":
                 w(f"p{o} = js_red[{bank}][{i}][row_in_block][0]; q{o} = js_redi[{bank}][{i}][row_in_block][0];")
                 w(f"for (int j = 1; j < NWARPS_ROW; ++j) js_arg_combine<{ARG_REDUCE[op.prim]}>(p{o}, q{o}, js_red[{bank}][{i}][row_in_block][j], js_redi[{bank}][{i}][row_in_block][j]);")
             else:
@@ -74,6 +114,10 @@ def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
         w("__syncthreads();  // before js_red's bank is written again")
     if k.split:
         combine_slices(k, w, slots)
+    for op, _ in slots:
+        pair = k.online_by_max.get(op.outputs[0].id)
+        if pair:  # a row of -inf only: x - max is NaN in every term, as the two-pass sum has it
+            w(f"if (p{pair.max_id} == -JS_INF) p{pair.sum_id} = JS_NAN;")
     for op, kind in slots:
         o = op.outputs[0]
         w(f"const {k.ctype(o)} v{o.id} = {'q' if kind == 'arg' else 'p'}{o.id};")
@@ -91,10 +135,20 @@ def combine_slices(k: Kernel, w: Writer, slots):
     w("}")
     w("js_grid_sync(reinterpret_cast<unsigned int*>(ws) + 1, ++js_round * gridDim.x);")
     w("if (row_ok) {")
+    def getter(o, kind):
+        at = f"js_ws + {offsets[o]} + row * SPLITS"
+        return (lambda i: f"__float_as_int(__ldcg({at} + {i}))") if kind == "int" else (lambda i: f"__ldcg({at} + {i})")
+
     for op, kind in slots:
         o, fn = op.outputs[0].id, REDUCE[op.prim][0]
-        at = f"js_ws + {offsets[o]} + row * SPLITS"
-        get = (lambda i: f"__float_as_int(__ldcg({at} + {i}))") if kind == "int" else (lambda i: f"__ldcg({at} + {i})")
+        pair, get = k.online_by_max.get(o), getter(o, kind)
+        if o in k.online_by_sum:
+            continue
+        if pair:
+            get_sum = getter(pair.sum_id, "float")
+            w(f"  p{o} = {get(0)}; p{pair.sum_id} = {get_sum(0)};")
+            w(f"  for (int s = 1; s < SPLITS; ++s) js_lse_combine(p{o}, p{pair.sum_id}, {get('s')}, {get_sum('s')});")
+            continue
         w(f"  p{o} = {get(0)};")
         w(f"  for (int s = 1; s < SPLITS; ++s) p{o} = {fn}(p{o}, {get('s')});")
     w("}")

@@ -110,7 +110,9 @@ def _ambiguous(v, options):
     raise Unplannable(f"shape {v.shape} is ambiguous between {' and '.join(options)}")
 
 
-def place(region: Region) -> Layout:
+def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
+    """`online_sums`: outputs of row sums reduced in the same pass as the max they subtract
+    (plan/online.py): they take the max's level, not one more."""
     n, c = row_space(region)
     placed: dict[int, Placed] = {}
     hints = _input_hints(region, n, c)
@@ -144,6 +146,8 @@ def place(region: Region) -> Layout:
             placed[out.id] = _place_iota(op, n, c)
         elif op.prim in opdefs.REDUCTIONS:
             placed[out.id] = _place_reduction(op, ins[0], n, c)
+            if out.id in online_sums:
+                placed[out.id] = dataclasses.replace(placed[out.id], level=ins[0].level)
         else:
             raise Unplannable(f"{op.prim} has no placement rule")
         if any(o.size != out.size for o in op.outputs[1:]):

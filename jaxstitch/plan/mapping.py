@@ -38,7 +38,8 @@ class Tuning:
     staging buffers for rows that fit in registers; `min_gain_pct`: the estimated speedup (in %)
     the cost model asks for before it stitches (e.g. 100 to measure regions it declines); `splits`:
     blocks per long row when there are too few rows to fill the GPU (0: chosen by the planner;
-    unset: never, the default while split kernels lose to XLA)."""
+    unset: never, the default while split kernels lose to XLA); `online`: 0 reduces a softmax's
+    max and sum of exponentials in two passes, as written, instead of one (plan/online.py)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -46,8 +47,9 @@ class Tuning:
     stages: int | None = None
     min_gain_pct: int | None = None
     splits: int | None = None
+    online: int = 1
 
-    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits")
+    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
@@ -159,7 +161,10 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     """`stash_itemsizes`: the item sizes of the row inputs (those a stash would keep); `splittable`:
     whether a row's reductions may be combined across blocks (not argmax/argmin)."""
     n, c = layout.n_rows, layout.n_cols
-    wide = [p.value for p in layout.values if p.storage in (FULL, COL) and p.value in region_io]
+    # Every array moved per element, by its declared kind too: a broadcast row stored as an output
+    # is written at full size though it is held as one register.
+    wide = [p.value for p in layout.values
+            if (p.storage in (FULL, COL) or p.declared in (FULL, COL)) and p.value in region_io]
     vec = min([16 // v.itemsize for v in wide] + [8])
     while vec > 1 and c % vec:
         vec //= 2

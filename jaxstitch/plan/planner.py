@@ -9,6 +9,7 @@ from ..targets import Target
 from . import cost, mapping as mapping_mod
 from .layout import COL, FULL, Layout, Unplannable, place
 from .mapping import Mapping
+from .online import OnlineSum, find_online_sums
 
 BARRIER_BYTES = 16  # the grid barrier's counter at the head of the workspace
 
@@ -42,10 +43,17 @@ class KernelPlan:
     # Rows split over blocks: each row reduction's per-(row, slice) partials in the workspace, combined
     # by every block of the row after a grid barrier.
     split_partials: tuple[GridReduction, ...] = ()
+    # Row sums of exp(x - max) reduced in the max's pass (plan/online.py).
+    online: tuple[OnlineSum, ...] = ()
 
     @property
     def stage_bytes(self) -> int:
         return self.mapping.smem_bytes // max(1, self.mapping.stages)
+
+    @property
+    def description(self) -> str:
+        """The thread mapping's name, and what else shapes the kernel's passes over a row."""
+        return self.mapping.name + (f", online softmax x{len(self.online)}" if self.online else "")
 
     @property
     def scheme(self) -> str:
@@ -87,7 +95,8 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     drops the register cap of the launch bounds: a mapping whose kernel spills is planned again with
     more registers per thread, see pipeline.compile_region."""
     try:
-        layout = place(region)
+        online = find_online_sums(region.ops) if tuning.online else ()
+        layout = place(region, frozenset(o.sum_id for o in online))
         grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
         if any(op.prim in ("argmax", "argmin") for op in grid_ops):
             raise Unplannable("argmax/argmin over the whole grid")
@@ -115,7 +124,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                 splits.append(GridReduction(op.outputs[0].id, offset, mp.n_rows * mp.splits))
                 offset += mp.n_rows * mp.splits
         ws = offset * 4 if mp.cooperative else 0
-        kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits))
+        kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits), online)
     except Unplannable as e:
         return RegionPlan(region, None, None, str(e))
     busy_sms = min(target.sm_count, mp.grid)

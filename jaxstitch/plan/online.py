@@ -1,0 +1,80 @@
+"""Online softmax: a row's max and its sum of exp(x - max) reduced in the same pass.
+
+A softmax (log-softmax, cross-entropy, logsumexp written out) reduces each row twice: its max, then
+the sum of exp(x - max), which needs the finished max, so a second pass over the row after a block-wide
+reduction round. Keeping a running max and rescaling the partial sum whenever it grows (Milakov &
+Gimelshein, "Online normalizer calculation for softmax", 2018) folds the sum into the max's pass: one
+pass and one reduction round fewer. The sum then differs from the two-pass one by rounding only.
+
+This module finds the pattern; the layout gives the sum the max's level, and codegen
+(lowering/reductions.py) emits the paired accumulation.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .. import ir, ops as opdefs
+
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+# Row ops between the max and the subtraction that leave the max's value as it is.
+_IDENTITY = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "stop_gradient"})
+
+
+@dataclasses.dataclass(frozen=True)
+class OnlineSum:
+    """reduce_sum(exp(x - m)) with m = reduce_max(x), up to identity ops: value ids of each part."""
+
+    max_id: int    # m, the reduce_max's output
+    sum_id: int    # the reduce_sum's output
+    source_id: int  # x, the values of the row both reduce
+    diff_id: int   # x - m (the sub's output)
+    exp_id: int    # exp(x - m) (the exp's output, which the sum reduces)
+
+
+def find_online_sums(ops: tuple[ir.Op, ...]) -> tuple[OnlineSum, ...]:
+    """Every reduce_sum of exp(x - max(x)) over the same row, one per reduce_max."""
+    producer = {o.id: op for op in ops for o in op.outputs}
+    found, paired = [], set()
+    for op in ops:
+        if op.prim != "reduce_sum" or not opdefs.is_row_reduction(op):
+            continue
+        e = producer.get(op.inputs[0].id)
+        if e is None or e.prim != "exp":
+            continue
+        d = producer.get(e.inputs[0].id) if isinstance(e.inputs[0], ir.Value) else None
+        if d is None or d.prim != "sub" or not all(isinstance(a, ir.Value) for a in d.inputs):
+            continue
+        x, shift = d.inputs
+        r = _max_behind(shift, producer)
+        if (r is None or r.outputs[0].id in paired or r.inputs[0].id != x.id
+                or r.inputs[0].shape != op.inputs[0].shape
+                or tuple(sorted(r.param("axes"))) != tuple(sorted(op.param("axes")))
+                or any(v.dtype not in FLOAT_DTYPES for v in (x, d.outputs[0], e.outputs[0], op.outputs[0]))):
+            continue
+        paired.add(r.outputs[0].id)
+        found.append(OnlineSum(r.outputs[0].id, op.outputs[0].id, x.id, d.outputs[0].id, e.outputs[0].id))
+    return tuple(found)
+
+
+def _max_behind(v: ir.Value, producer: dict) -> ir.Op | None:
+    """The row reduce_max whose value `v` is, through identity ops and max(-inf, .)."""
+    while True:
+        op = producer.get(v.id)
+        if op is None:
+            return None
+        if op.prim in _IDENTITY or opdefs.is_layout(op):
+            nxt = op.inputs[0]
+        elif op.prim == "reduce_max":
+            return op if opdefs.is_row_reduction(op) else None
+        elif op.prim == "max":
+            consts = [a for a in op.inputs if isinstance(a, ir.Const)]
+            vals = [a for a in op.inputs if isinstance(a, ir.Value)]
+            if len(vals) != 1 or len(consts) != 1 or not (math.isinf(consts[0].value) and consts[0].value < 0):
+                return None
+            nxt = vals[0]
+        else:
+            return None
+        if not isinstance(nxt, ir.Value) or nxt.dtype != v.dtype:
+            return None
+        v = nxt
