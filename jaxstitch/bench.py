@@ -6,6 +6,10 @@
 For each workload and dtype both compiled functions run in the same process on the same inputs. A timing
 is the median over `reps` repeats of (wall time of `inner` back-to-back calls ended by one
 `jax.block_until_ready`) / `inner`, after warm-up calls; the two functions' repeats are interleaved.
+Each function gets its own `inner`, so that one repeat lasts ~50 ms of its calls: a repeat's fixed
+cost (the first dispatch and the final synchronization, ~0.2 ms) then adds ~1% to a call. (With
+`inner` taken from jax.jit's call, 20 calls of a 88 µs stitched kernel read 99 µs, where a CUPTI
+timeline of back-to-back calls showed 88.)
 The roofline is measured in the same run by a copy kernel (`a * 1.0001` over a 1 GiB float32 array;
 256 MiB with --quick): % of roofline = ((input + output bytes) / measured bandwidth) / measured time.
 Kernel counts come from each executable's optimized HLO (`count_kernels`).
@@ -32,7 +36,8 @@ from jaxstitch.workloads import WORKLOADS, workload_names
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 WARMUP_CALLS = 3
-TARGET_REPEAT_S = 0.02  # `inner` is picked so one repeat takes about this long
+TARGET_REPEAT_S = 0.05  # `inner` is picked so one repeat takes about this long
+MAX_INNER = 1000
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -144,28 +149,28 @@ def _seconds_per_call(f, args, inner) -> float:
 
 def time_fn(f, args, reps, inner) -> float:
     """Median over `reps` of the wall time of `inner` back-to-back calls (one final block) / inner, µs."""
-    return time_fns([f], args, reps, inner)[0]
+    return time_fns([f], args, reps, [inner])[0]
 
 
-def time_fns(fs, args, reps, inner) -> list[float]:
-    """`time_fn` of each of `fs`, their repeats interleaved (order rotating) so drift hits all alike."""
+def time_fns(fs, args, reps, inners) -> list[float]:
+    """`time_fn` of each of `fs` (with its own `inners[i]` calls per repeat), their repeats interleaved
+    (order rotating) so drift hits all alike."""
     for f in fs:
         _run(f, args, WARMUP_CALLS)
     samples = [[] for _ in fs]
     for r in range(reps):
         for k in range(len(fs)):
             i = (r + k) % len(fs)
-            samples[i].append(_seconds_per_call(fs[i], args, inner))
+            samples[i].append(_seconds_per_call(fs[i], args, inners[i]))
     return [statistics.median(s) * 1e6 for s in samples]
 
 
-def pick_inner(f, args, target_s=TARGET_REPEAT_S, max_inner=100) -> int:
-    """Back-to-back calls per repeat so one repeat lasts about `target_s` (launch overhead amortized)."""
-    _run(f, args, 1)
-    t0 = time.perf_counter()
-    _run(f, args, 1)
-    one = time.perf_counter() - t0
-    return max(1, min(max_inner, math.ceil(target_s / max(one, 1e-9))))
+def pick_inner(f, args, target_s=TARGET_REPEAT_S, max_inner=MAX_INNER) -> int:
+    """Back-to-back calls per repeat so one repeat lasts about `target_s` (launch overhead amortized);
+    the call's time is read off a few back-to-back calls, not one synchronized call."""
+    _run(f, args, 2)
+    per_call = _seconds_per_call(f, args, 5)
+    return max(1, min(max_inner, math.ceil(target_s / max(per_call, 1e-9))))
 
 
 def measure_bandwidth(quick: bool, reps: int) -> float:
@@ -235,9 +240,9 @@ def bench_one(workload, dtype_name, quick, reps, bandwidth, stitch, tunings=()) 
             variant_err = max_rel_err(jax.block_until_ready(f(*args)), want)
         variants.append((spec, f, variant_err))
     moved = tree_bytes(args) + tree_bytes(want)
-    inner = pick_inner(xla_f, args)
-    xla_us, stitch_us, *variant_us = time_fns([xla_f, stitch_f] + [f for _, f, _ in variants], args,
-                                              reps, inner)
+    fns = [xla_f, stitch_f] + [f for _, f, _ in variants]
+    inner = [pick_inner(f, args) for f in fns]
+    xla_us, stitch_us, *variant_us = time_fns(fns, args, reps, inner)
     ideal_us = moved / bandwidth * 1e6
     return {
         "variants": [{"tune": spec, "stitch_us": us, "max_rel_err": err}
