@@ -170,11 +170,18 @@ def render(plan: KernelPlan) -> Source:
             k.store_output(w, v, "chunk")
         for op in ph.per_elem_grids:
             reductions.grid_accumulate(k, w, op)
+        refill = m.stages == 1 and lv == last_chunk_phase  # the stash is read for the last time
+        if refill and k.chunked:
+            # Chunk by chunk, as soon as this thread has read its slots of the chunk (a thread's slots
+            # are its own: no barrier), so the next row's copies overlap this pass's work.
+            stage_rows(k, w, stash, next_row_group(k), one_chunk=True)
         if k.chunked and ph.chunk_work:
             body.lines.extend(w.lines)
             body("}")
             k.writer = body
-        if m.stages == 1 and lv == last_chunk_phase:  # the stash is read for the last time: refill it
+        if refill and k.chunked:
+            body("js_stage_commit();")
+        elif refill:
             body("__syncthreads();")
             stage_rows(k, body, stash, next_row_group(k))
         reductions.reduce_finish(k, body, ph.reductions)

@@ -40,9 +40,10 @@ def next_row_group(k: Kernel) -> str:
     return "base + js_step" if k.split else "base + (long long)gridDim.x * RPB"
 
 
-def stage_rows(k: Kernel, w: Writer, stash: dict[int, int], base: str):
+def stage_rows(k: Kernel, w: Writer, stash: dict[int, int], base: str, one_chunk: bool = False):
     """Start async copies of the row group at `base` into the stash buffer `js_buf` (this thread's
-    slots, every chunk) and commit them as one group."""
+    slots, every chunk) and commit them as one group; `one_chunk`: only chunk `ch`'s slots, and no
+    commit (the caller commits once its chunk loop has staged them all)."""
     w("{")
     if k.split:  # `base` is a task: a slice of a row
         w(f"  const long long stask = {base};")
@@ -53,17 +54,20 @@ def stage_rows(k: Kernel, w: Writer, stash: dict[int, int], base: str):
         w(f"  const long long srow = {base} + row_in_block;")
         w("  const int sc0 = 0, scols = N_COLS;")
         w("  const bool sok = srow < N_ROWS;")
-    w("  for (int ch = 0; ch < CHUNKS; ++ch) {")
+    pad = "  " if one_chunk else "    "
+    if not one_chunk:
+        w("  for (int ch = 0; ch < CHUNKS; ++ch) {")
     w("#pragma unroll")
-    w("    for (int k = 0; k < VPT; ++k) {")
-    w(f"      const int col0 = {vec_col('k')};")
-    w("      const bool ok = sok && col0 < scols;")
+    w(f"{pad}for (int k = 0; k < VPT; ++k) {{")
+    w(f"{pad}  const int col0 = {vec_col('k')};")
+    w(f"{pad}  const bool ok = sok && col0 < scols;")
     for v in k.plan.region.inputs:
         if v.id in stash:
             i = k.inputs[v.id]
-            w(f"      js_stage<{STYPE[v.dtype]}, V>({stash_slot(stash_ptr(k, v, stash[v.id]))}, "
+            w(f"{pad}  js_stage<{STYPE[v.dtype]}, V>({stash_slot(stash_ptr(k, v, stash[v.id]))}, "
               f"ok ? in{i} + srow * N_COLS + sc0 + col0 : in{i}, ok);")
-    w("    }")
-    w("  }")
-    w("  js_stage_commit();")
+    w(f"{pad}}}")
+    if not one_chunk:
+        w("  }")
+        w("  js_stage_commit();")
     w("}")
