@@ -179,7 +179,9 @@ ffi::Error Inspect(const Driver* d, CUmodule module, const KeyView& k,
   std::string name(k.kernel);  // NUL-terminated for the driver
   CUfunction fn;
   CU_CHECK(d, k.kernel, ModuleGetFunction, &fn, module, name.c_str());
-  if (k.smem > 48 * 1024)  // above 48 KiB a kernel must opt in
+  // Static plus dynamic shared memory above 48 KiB needs the opt-in: always opt in to the dynamic
+  // size (48 KiB of stash next to the static reduction scratch once found no block fitting an SM).
+  if (k.smem > 0)
     CU_CHECK(d, k.kernel, FuncSetAttribute, fn, kFuncAttrMaxDynamicSharedBytes,
              static_cast<int>(k.smem));
   int per_sm = 0, sms = 0;
