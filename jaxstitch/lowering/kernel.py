@@ -126,11 +126,6 @@ class Kernel:
     def ctype(self, v: ir.Value) -> str:
         return CTYPE[v.dtype]
 
-    def col_ok(self, e: str = "e") -> str:
-        if self.exact_cols:
-            return "true"
-        return f"({vec_col(f'({e}) / V')} < ROW_COLS)"  # V divides N_COLS and SLICE
-
     def each_element(self, w: Writer, stmt: str, guard: str = ""):
         """`stmt` for each of this thread's elements `e` in a real column (and `guard`), in element
         order. The column test is per vector, so the compiler branches once per vector, not per element
@@ -139,6 +134,7 @@ class Kernel:
         if self.exact_cols:
             w(f"for (int e = 0; e < E; ++e) {'if (' + guard + ') ' if guard else ''}{stmt}")
             return
+        # (V divides N_COLS and SLICE: a vector is in the row whole or not at all)
         w(f"for (int k = 0; k < VPT; ++k) if ({guard + ' && ' if guard else ''}{vec_col('k')} < ROW_COLS) {{")
         w("  #pragma unroll")
         w(f"  for (int i = 0; i < V; ++i) {{ const int e = k * V + i; {stmt} }}")

@@ -158,11 +158,9 @@ def grid_accumulate(k: Kernel, w: Writer, op: ir.Op):
     src, out = op.inputs[0], op.outputs[0]
     fn = REDUCE[op.prim][0]
     if k.placed(out).declared == COL:
-        w("#pragma unroll")
-        w(f"for (int e = 0; e < E; ++e) if (row_ok && {k.col_ok()}) a{out.id}[e] = {fn}(a{out.id}[e], (float){k.ref(src)});")
+        k.each_element(w, f"a{out.id}[e] = {fn}(a{out.id}[e], (float){k.ref(src)});", guard="row_ok")
     elif k.placed(src).declared == FULL:
-        w("#pragma unroll")
-        w(f"for (int e = 0; e < E; ++e) if (row_ok && {k.col_ok()}) a{out.id} = {fn}(a{out.id}, (float){k.ref(src)});")
+        k.each_element(w, f"a{out.id} = {fn}(a{out.id}, (float){k.ref(src)});", guard="row_ok")
     else:
         w(f"if (row_ok && lane == 0 && ROW_C0 == 0) a{out.id} = {fn}(a{out.id}, (float){k.ref(src, '0')});")
 
