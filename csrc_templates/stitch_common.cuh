@@ -209,6 +209,13 @@ __device__ __forceinline__ int js_idiv(int a, int b) {
   return b == 0 ? -1 : (b == -1 ? (int)(0u - (unsigned int)a) : a / b);
 }
 __device__ __forceinline__ int js_irem(int a, int b) { return b == 0 ? a : (b == -1 ? 0 : a % b); }
+// exp(a) as 2^(a log2 e) on the SFU (planner.fast_exp says where): exp(-inf) = 0, exp(inf) = inf,
+// NaN stays NaN; results under 2^-126 flush to zero.
+__device__ __forceinline__ float js_exp_fast(float a) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(a * 1.4426950408889634f));
+  return r;
+}
 __device__ __forceinline__ float js_logistic(float a) { return 1.f / (1.f + expf(-a)); }
 __device__ __forceinline__ float js_ipow(float x, int n) {
   float r = 1.f; float b = n < 0 ? 1.f / x : x; int m = n < 0 ? -n : n;

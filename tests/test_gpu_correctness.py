@@ -428,3 +428,43 @@ def test_one_hot_labels_at_the_edges_match_xla():
         _, got = run_stitched(one_hot_xent, (logits, labels), what)
     for i, (a, b) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
         compare(a, b, f"{what} output {i}")
+
+
+def one_hot_row_losses(logits, labels):
+    """Per-row cross-entropy (float32 statistics, as Flax writes it) and its gradient: a row's NaN
+    stays in its own row, so NaN positions can be compared."""
+    one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=jnp.float32)
+    losses, vjp = jax.vjp(lambda z: -jnp.sum(one_hot * jax.nn.log_softmax(z.astype(jnp.float32)), axis=-1),
+                          logits)
+    return losses, vjp(jnp.ones_like(losses))[0]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_one_hot_rows_with_non_finite_logits_match_xla(dtype):
+    """Non-finite logits in the code for vectors that miss the label and in the one that holds it:
+    `one_hot * x` is XLA's select, so -inf away from the label leaves the loss finite, while +inf or
+    NaN (through the max) make the row NaN. bfloat16 also runs the fast exp (planner.fast_exp)."""
+    seed = (RUN_SEED + zlib.crc32(f"one_hot_nonfinite{dtype}".encode())) % (1 << 63)
+    rng = np.random.default_rng(seed)
+    n, c = 64, 32000
+    labels = rng.integers(0, c, n).astype(np.int32)
+    x = rng.standard_normal((n, c)) * 3
+    labels[:6] = [5, 7, 9, 11, 13, 15]
+    x[0, c - 3], x[1, 100], x[2, 20000] = np.inf, -np.inf, np.nan  # away from the label
+    x[3, 11], x[4, 13] = -np.inf, np.inf                           # at the label
+    x[5, :] = -30.0
+    x[5, 15] = 60.0                                                 # exp far from 0 both ways
+    labels[6] = -1                                                  # no class
+    logits, labels = jnp.asarray(x, DTYPES[dtype]), jnp.asarray(labels)
+    what = _msg(f"one_hot_row_losses {dtype}", seed)
+    want = jax.jit(one_hot_row_losses)(logits, labels)
+    with force_stitching():
+        region = jaxstitch.explain(one_hot_row_losses, logits, labels).regions[0]
+        assert region.stitched and ("fast exp" in region.mapping) is (dtype == "bfloat16"), region
+        _, got = run_stitched(one_hot_row_losses, (logits, labels), what)
+    for i, (a, b) in enumerate(zip(got, want)):
+        a, b = np.asarray(a).astype(np.float32), np.asarray(b).astype(np.float32)
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=f"{what} output {i}: NaN positions")
+        assert np.isnan(a).any(), f"{what} output {i}: the non-finite rows made no NaN"
+        compare(np.asarray(got[i]), np.asarray(want[i]), f"{what} output {i}")
+

@@ -293,7 +293,7 @@ def test_bias_gelu_declined_because_xla_fuses_it(dtype):
 # thread mapping
 # ----------------------------------------------------------------------------------------------------
 
-STAGED = r"(, [12]-stage async loads)?(, online softmax x\d+)?"
+STAGED = r"(, [12]-stage async loads)?(, online softmax x\d+)?(, fast exp)?"
 
 
 @pytest.mark.parametrize("c,n,pattern", [
@@ -852,6 +852,47 @@ def test_one_hot_compare_is_written_per_vector():
     from jaxstitch.lowering import codegen
     code = codegen.render(region.plan.kernel).code
     assert re.search(r"\(unsigned int\)\(v\d+\) - \(unsigned int\)\(ROW_C0 \+", code), code
+
+
+@needs_nvrtc
+def test_one_hot_vectors_that_miss_run_a_copy_with_the_compare_known():
+    """Each pass that uses the one-hot tests once per chunk whether a label column falls in the
+    thread's vectors; the copy for vectors that miss has the compare as a constant, so `one_hot * x`
+    (a select, as XLA makes it) is 0 there. Kernels without a one-hot get no such split."""
+    from jaxstitch.lowering import codegen
+    region = _program(xent_fwdbwd, list(_xent_specs(256, 32000, jnp.float32))).regions[0]
+    code = codegen.render(region.plan.kernel).code
+    assert code.count("if (!js_hit") == region.plan.kernel.layout.levels, code
+    eq = re.compile(r"v(\d+)\[e\] = \(\(unsigned int\)")
+    assert eq.search(code) and re.search(r"v\d+\[e\] = false;", code), code
+    plain = _program(softmax_fwdbwd, [S((256, 1000), jnp.float32)] * 2).regions[0]
+    assert "js_hit" not in codegen.render(plain.plan.kernel).code
+
+
+def _exp_of_mixed_inputs(x, w):
+    return jnp.exp(x.astype(jnp.float32) * w) - jnp.sum(x.astype(jnp.float32), axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("fn,specs,fast", [
+    (xent_fwdbwd, _xent_specs(256, 32000, jnp.bfloat16), True),
+    (xent_fwdbwd, _xent_specs(256, 32000, jnp.float16), True),
+    (xent_fwdbwd, _xent_specs(256, 32000, jnp.float32), False),
+    (_exp_of_mixed_inputs, [S((256, 1000), jnp.bfloat16), S((1000,), jnp.float32)], False),
+    (layernorm_fwdbwd, [S((256, 1024), jnp.bfloat16), S((1024,), jnp.bfloat16), S((1024,), jnp.bfloat16),
+                        S((256, 1024), jnp.bfloat16)], False),  # no exp
+], ids=["bf16", "f16", "f32", "mixed", "no_exp"])
+def test_fast_exp_only_where_every_float_input_is_half(fn, specs, fast):
+    """exp is ex2.approx(x log2 e) only in regions whose floating inputs are all half precision (its
+    error is far under theirs); a float32 input keeps expf. JAXSTITCH_TUNE fast_exp=0 keeps expf."""
+    with force_stitching():
+        region = _program(fn, list(specs)).regions[0]
+        assert region.plan.kernel.fast_exp is fast
+        assert ("fast exp" in region.plan.kernel.description) is fast
+        cfg = config.load()
+        off = dataclasses.replace(cfg, tuning=dataclasses.replace(cfg.tuning, fast_exp=0))
+        tree = jax.tree_util.tree_structure((tuple(specs), {}))
+        plain = pipeline.build(fn, list(specs), tree, jaxstitch.get_target(TARGET), off).regions[0]
+    assert plain.plan.kernel.fast_exp is False
 
 
 def _broadcast_row_output(x, r):

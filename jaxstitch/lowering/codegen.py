@@ -15,7 +15,7 @@ from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR, Unplannable
 from . import reductions
 from .cuda_ops import CTYPE, REDUCE, STYPE
 from .epilogue import render_epilogue
-from .kernel import KERNEL_NAME, Kernel, Writer, template  # noqa: F401 - KERNEL_NAME: the stitcher's
+from .kernel import KERNEL_NAME, Kernel, Writer, template, vec_col  # noqa: F401 - KERNEL_NAME: the stitcher's
 from .staging import first_row_group, load_chunk, next_row_group, stage_rows
 
 
@@ -66,6 +66,54 @@ def _reduced_in(k: Kernel, op: ir.Op, level: dict) -> int:
 def _defined_at(k: Kernel, op: ir.Op, level: dict) -> int:
     """The phase whose code defines op's output: a row reduction finishes in the phase folding it."""
     return _reduced_in(k, op, level) if opdefs.is_row_reduction(op) else level[op.outputs[0].id]
+
+
+def _element_work(k: Kernel, w: Writer, ph: _Phase):
+    """A phase's work on this thread's elements of the current chunk."""
+    for op in ph.made:
+        if k.layout.of(op.outputs[0]).storage in k.per_chunk:
+            k.emit_op(w, op)
+    reductions.reduce_accumulate(k, w, ph.reductions)
+    for v in ph.stored:
+        k.store_output(w, v, "chunk")
+    for op in ph.per_elem_grids:
+        reductions.grid_accumulate(k, w, op)
+
+
+def _split_one_hot(k: Kernel, w: Writer, emit, tag: int):
+    """A one-hot row (`label == iota`) is true in one column of thousands. When `emit`'s code uses
+    one, it is emitted twice: the thread's vectors of the chunk that all miss every one-hot column
+    (nearly always) run a copy in which those compares are constants, so `one_hot * x` (a select,
+    Kernel.predicate_product) is a constant 0 there and sums of it fold away. Exact: the same
+    expressions with an operand known. Values made in either copy live only there (later code
+    rematerializes)."""
+    copies = dict(k.copies)
+    k.one_hots_used = {}
+    general = Writer(w.indent + 1)
+    k.writer = general
+    emit(general)
+    used = dict(k.one_hots_used)
+    k.copies = dict(copies)
+    k.writer = w
+    if not used:
+        emit(w)
+        return
+    rows = {k.root(v.id): v for v in used.values()}
+    hit = f"js_hit{tag}"
+    tests = " || ".join(f"(unsigned int)({k.ref(v)}) - (unsigned int)(ROW_C0 + {vec_col('k')}) < (unsigned int)V"
+                        for v in rows.values())
+    w(f"bool {hit} = false;  // does a one-hot column fall in one of this thread's vectors?")
+    w("#pragma unroll")
+    w(f"for (int k = 0; k < VPT; ++k) {hit} = {hit} || {tests};")
+    miss = Writer(w.indent + 1)
+    k.writer, k.known_misses = miss, frozenset(used)
+    emit(miss)
+    k.writer, k.known_misses, k.copies = w, frozenset(), copies
+    w(f"if (!{hit}) {{")
+    w.lines.extend(miss.lines)
+    w("} else {")
+    w.lines.extend(general.lines)
+    w("}")
 
 
 def render(plan: KernelPlan) -> Source:
@@ -162,14 +210,7 @@ def render(plan: KernelPlan) -> Source:
         if lv == 0:
             for v in early:
                 k.store_output(w, v, "chunk")
-        for op in ph.made:
-            if layout.of(op.outputs[0]).storage in per_chunk:
-                k.emit_op(w, op)
-        reductions.reduce_accumulate(k, w, ph.reductions)
-        for v in ph.stored:
-            k.store_output(w, v, "chunk")
-        for op in ph.per_elem_grids:
-            reductions.grid_accumulate(k, w, op)
+        _split_one_hot(k, w, lambda wr, ph=ph: _element_work(k, wr, ph), tag=lv)
         refill = m.stages == 1 and lv == last_chunk_phase  # the stash is read for the last time
         if refill and k.chunked:
             # Chunk by chunk, as soon as this thread has read its slots of the chunk (a thread's slots

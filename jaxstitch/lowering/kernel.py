@@ -86,6 +86,10 @@ class Kernel:
         # Values that are a float rounded to a half type: stored from the float itself, since the
         # store rounds it the same way (one rounding instead of two).
         self.rounded_from: dict[int, ir.Atom] = {}
+        # One-hot compares met while emitting (output id -> row value), and those known to be false
+        # (eq) / true (ne) in the code being emitted: see codegen's one-hot split.
+        self.one_hots_used: dict[int, ir.Value] = {}
+        self.known_misses: frozenset[int] = frozenset()
 
     # ---- naming -------------------------------------------------------------------------------
     def root(self, vid: int) -> int:
@@ -152,7 +156,7 @@ class Kernel:
             # One divisor for the whole row: its reciprocal once (js_div_by rounds as js_div does).
             expr = f"js_div_by({args[0]}, {args[1]})"
         else:
-            expr = self.column_compare(op) or EXPR[op.prim](op, args)
+            expr = self.column_compare(op) or self.predicate_product(op, args) or self.expr(op, args)
         if (op.prim == "convert_element_type" and out.dtype in ("bfloat16", "float16")
                 and CTYPE[op.inputs[0].dtype] == "float"):
             self.rounded_from[out.id] = op.inputs[0]
@@ -163,10 +167,9 @@ class Kernel:
         else:
             w(f"const {self.ctype(out)} {name} = {expr};")
 
-    def column_compare(self, op: ir.Op) -> str | None:
-        """`label == iota` (a one-hot row: an int per row against the column index) as one compare
-        per element: the row value minus the vector's first column, against the element's offset in
-        the vector (the difference is made once per vector). Unsigned, so it cannot overflow."""
+    def one_hot_row(self, op: ir.Op) -> ir.Value | None:
+        """The row value of `label == iota` / `label != iota` (an int per row against the column
+        index: a one-hot row), else None."""
         if op.prim not in ("eq", "ne") or not all(isinstance(a, ir.Value) for a in op.inputs):
             return None
         for col, other in (op.inputs, op.inputs[::-1]):
@@ -174,12 +177,42 @@ class Kernel:
             if src is None or src.prim != "iota" or self.is_array(other) or CTYPE[other.dtype] != "int":
                 continue
             p = self.placed(src.outputs[0])
-            if p.storage != COL or p.iota[0] != 1 or p.iota[1] < self.m.n_cols:
-                continue
-            first = f"(unsigned int)(ROW_C0 + {vec_col('(e) / V')})"
-            cmp = "==" if op.prim == "eq" else "!="
-            return f"((unsigned int)({self.ref(other)}) - {first} {cmp} (unsigned int)((e) % V))"
+            if p.storage == COL and p.iota[0] == 1 and p.iota[1] >= self.m.n_cols:
+                return other
         return None
+
+    def expr(self, op: ir.Op, args: list[str]) -> str:
+        """`op`'s C expression; exp is the fast one where the plan allows it (planner.fast_exp)."""
+        if op.prim == "exp" and self.plan.fast_exp:
+            return f"js_exp_fast({args[0]})"
+        return EXPR[op.prim](op, args)
+
+    def predicate_product(self, op: ir.Op, args: list[str]) -> str | None:
+        """`x * convert(pred)` as `pred ? x : 0`, the select XLA's algebraic simplifier makes of it: a
+        one-hot times -inf is 0 there, not NaN, so here too."""
+        if op.prim != "mul":
+            return None
+        for i, a in enumerate(op.inputs):
+            src = self.producer.get(a.id) if isinstance(a, ir.Value) else None
+            if (src is not None and src.prim == "convert_element_type" and src.inputs[0].dtype == "bool"
+                    and isinstance(src.inputs[0], ir.Value)):
+                return f"(({self.ref(src.inputs[0])}) ? ({args[1 - i]}) : ({self.ctype(op.outputs[0])})0)"
+        return None
+
+    def column_compare(self, op: ir.Op) -> str | None:
+        """A one-hot compare as one compare per element: the row value minus the vector's first
+        column, against the element's offset in the vector (the difference is made once per vector).
+        Unsigned, so it cannot overflow. In code for vectors known to miss the row's column
+        (`known_misses`, see codegen's one-hot split) it is a constant."""
+        other = self.one_hot_row(op)
+        if other is None:
+            return None
+        self.one_hots_used[op.outputs[0].id] = other
+        if op.outputs[0].id in self.known_misses:
+            return "false" if op.prim == "eq" else "true"
+        first = f"(unsigned int)(ROW_C0 + {vec_col('(e) / V')})"
+        cmp = "==" if op.prim == "eq" else "!="
+        return f"((unsigned int)({self.ref(other)}) - {first} {cmp} (unsigned int)((e) % V))"
 
     def iota(self, w: Writer, op: ir.Op, name: str | None = None):
         out = op.outputs[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import ir
 from ..plan.layout import COL, FULL
-from .cuda_ops import ARG_REDUCE, EXPR, REDUCE
+from .cuda_ops import ARG_REDUCE, REDUCE
 from .kernel import Kernel, Writer, col_index
 
 
@@ -45,7 +45,7 @@ def _online_accumulate(k: Kernel, w: Writer, op: ir.Op):
     sub, ex = k.producer[pair.diff_id], k.producer[pair.exp_id]
 
     def exp_minus(a, b):  # exp(a - b), written as the region writes it
-        return EXPR[ex.prim](ex, [EXPR[sub.prim](sub, [a, b])])
+        return k.expr(ex, [k.expr(sub, [a, b])])
 
     w("{  // online softmax: the max and the sum of exp(x - max) in one pass")
     inner = Writer(w.indent + 1)

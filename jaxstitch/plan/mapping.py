@@ -39,7 +39,8 @@ class Tuning:
     the cost model asks for before it stitches (e.g. 100 to measure regions it declines); `splits`:
     blocks per long row when there are too few rows to fill the GPU (0: chosen by the planner;
     unset: never, the default while split kernels lose to XLA); `online`: 0 reduces a softmax's
-    max and sum of exponentials in two passes, as written, instead of one (plan/online.py)."""
+    max and sum of exponentials in two passes, as written, instead of one (plan/online.py);
+    `fast_exp`: 0 computes exp with expf even in half-precision regions (see planner.fast_exp)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -48,8 +49,9 @@ class Tuning:
     min_gain_pct: int | None = None
     splits: int | None = None
     online: int = 1
+    fast_exp: int = 1
 
-    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online")
+    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "fast_exp")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":

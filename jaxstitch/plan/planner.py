@@ -45,6 +45,8 @@ class KernelPlan:
     split_partials: tuple[GridReduction, ...] = ()
     # Row sums of exp(x - max) reduced in the max's pass (plan/online.py).
     online: tuple[OnlineSum, ...] = ()
+    # exp as the hardware's ex2.approx(x * log2 e): see fast_exp.
+    fast_exp: bool = False
 
     @property
     def stage_bytes(self) -> int:
@@ -53,7 +55,8 @@ class KernelPlan:
     @property
     def description(self) -> str:
         """The thread mapping's name, and what else shapes the kernel's passes over a row."""
-        return self.mapping.name + (f", online softmax x{len(self.online)}" if self.online else "")
+        return (self.mapping.name + (f", online softmax x{len(self.online)}" if self.online else "")
+                + (", fast exp" if self.fast_exp else ""))
 
     @property
     def scheme(self) -> str:
@@ -87,6 +90,19 @@ def _live_arrays(region: Region, layout: Layout) -> int:
         if opdefs.is_grid_reduction(op) and layout.of(op.outputs[0]).declared == COL:
             count += 1
     return count
+
+
+HALF_TYPES = ("bfloat16", "float16")
+
+
+def fast_exp(region: Region) -> bool:
+    """Whether the region's exps may use the hardware's ex2.approx(x * log2 e), 2 instructions instead
+    of expf's 8: when every floating input is half precision. Its error, at most ~2^-22 + |x| 2^-24
+    relative (under 1e-5 over the whole range exp is finite in), is far under the 2^-9 (bfloat16) or
+    2^-12 (float16) the inputs are known to, so no output moves by more than its inputs' rounding
+    makes it uncertain. Results below 2^-126 flush to zero."""
+    floats = [v.dtype for v in region.inputs if v.dtype in HALF_TYPES + ("float32",)]
+    return bool(floats) and all(d in HALF_TYPES for d in floats) and any(op.prim == "exp" for op in region.ops)
 
 
 def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = mapping_mod.Tuning(),
@@ -124,7 +140,8 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                 splits.append(GridReduction(op.outputs[0].id, offset, mp.n_rows * mp.splits))
                 offset += mp.n_rows * mp.splits
         ws = offset * 4 if mp.cooperative else 0
-        kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits), online)
+        kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits), online,
+                            bool(tuning.fast_exp) and fast_exp(region))
     except Unplannable as e:
         return RegionPlan(region, None, None, str(e))
     busy_sms = min(target.sm_count, mp.grid)
