@@ -115,6 +115,34 @@ __device__ __forceinline__ void js_load(const S* __restrict__ p, C* out) {
   }
 }
 
+// L2 eviction priorities (sm_80+) for rows partly re-read from global memory: KEEP (evict_last) on
+// a read that a later pass repeats, else evict_first (the data's last use, or a streamed output).
+template <bool KEEP> __device__ __forceinline__ unsigned long long js_l2_policy() {
+  unsigned long long p;
+  if constexpr (KEEP) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+// As js_load from global memory, with an L2 eviction priority.
+template <typename S, int V, bool KEEP, typename C>
+__device__ __forceinline__ void js_load_l2(const S* __restrict__ p, C* out) {
+  constexpr int BYTES = V * (int)sizeof(S), PER = 4 / (int)sizeof(S);
+  if constexpr (BYTES % 16 == 0) {
+    const unsigned long long pol = js_l2_policy<KEEP>();
+    unsigned int w[BYTES / 4];
+#pragma unroll
+    for (int b = 0; b < BYTES / 4; b += 4)
+      asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                   : "=r"(w[b]), "=r"(w[b + 1]), "=r"(w[b + 2]), "=r"(w[b + 3])
+                   : "l"(reinterpret_cast<const char*>(p) + 4 * b), "l"(pol));
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      out[i] = js_io<S>::get(js_from_bits<S>(PER == 1 ? w[i] : w[i / PER] >> (8 * (int)sizeof(S) * (i % PER))));
+  } else {
+    js_load<S, V>(p, out);
+  }
+}
+
 // As js_load, and keeps a copy of the raw vector in `stash` (shared memory) for later phases.
 template <typename S, int V, typename C>
 __device__ __forceinline__ void js_load_stash(const S* __restrict__ p, S* __restrict__ stash, C* out) {
@@ -137,12 +165,18 @@ __device__ __forceinline__ unsigned int js_smem_addr(const void* p) {
   asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
   return a;
 }
-template <typename S, int V>
+template <typename S, int V, bool STREAM = false>
 __device__ __forceinline__ void js_stage(S* smem, const S* __restrict__ g, bool ok) {
   constexpr int BYTES = V * (int)sizeof(S);
   const unsigned int dst = js_smem_addr(smem);
   const char* src = reinterpret_cast<const char*>(g);
-  if constexpr (BYTES % 16 == 0) {
+  if constexpr (STREAM && BYTES % 16 == 0) {  // read once: evict_first (see js_l2_policy)
+    const unsigned long long pol = js_l2_policy<false>();
+#pragma unroll
+    for (int b = 0; b < BYTES; b += 16)
+      asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;"
+                   :: "r"(dst + b), "l"(src + b), "r"(ok ? 16 : 0), "l"(pol) : "memory");
+  } else if constexpr (BYTES % 16 == 0) {
 #pragma unroll
     for (int b = 0; b < BYTES; b += 16)
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst + b), "l"(src + b), "r"(ok ? 16 : 0) : "memory");
@@ -156,7 +190,7 @@ __device__ __forceinline__ void js_stage_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void js_stage_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
 
-template <typename S, int V, typename C>
+template <typename S, int V, bool STREAM = false, typename C>
 __device__ __forceinline__ void js_store(S* __restrict__ p, const C* in) {
   constexpr int BYTES = V * (int)sizeof(S), PER = 4 / (int)sizeof(S);
   if constexpr (BYTES >= 4) {
@@ -167,7 +201,16 @@ __device__ __forceinline__ void js_store(S* __restrict__ p, const C* in) {
 #pragma unroll
       for (int t = 0; t < PER; ++t) w[j] |= js_bits(js_io<S>::put(in[j * PER + t])) << (8 * (int)sizeof(S) * t);
     }
-    js_write_words_global<BYTES / 4>(p, w);
+    if constexpr (STREAM && BYTES % 16 == 0) {  // evict_first: leave L2 to data read again
+      const unsigned long long pol = js_l2_policy<false>();
+#pragma unroll
+      for (int b = 0; b < BYTES / 4; b += 4)
+        asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;"
+                     :: "l"(reinterpret_cast<char*>(p) + 4 * b), "r"(w[b]), "r"(w[b + 1]), "r"(w[b + 2]), "r"(w[b + 3]), "l"(pol)
+                     : "memory");
+    } else {
+      js_write_words_global<BYTES / 4>(p, w);
+    }
   } else {
 #pragma unroll
     for (int i = 0; i < V; ++i) p[i] = js_io<S>::put(in[i]);

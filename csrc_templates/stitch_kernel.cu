@@ -1,6 +1,7 @@
 // One stitched region: ${summary}
 // Rows are walked by groups of TPR threads (grid-stride over row groups); each thread keeps its
-// E = VPT * V elements of a row (of each of CHUNKS chunks of it) in registers. With SPLITS > 1 a
+// E = VPT * V elements of a row (of each of CHUNKS chunks of it) in registers; a shared stash holds
+// the first STASH_CHUNKS chunks. With SPLITS > 1 a
 // block's task is one SLICE of a row, ROW_C0 its first column, ROW_COLS its length.
 ${common}
 
@@ -10,6 +11,7 @@ ${common}
 #define TPR ${tpr}
 #define VPT ${vpt}
 #define CHUNKS ${chunks}
+#define STASH_CHUNKS ${stash_chunks}
 #define E (VPT * V)
 #define RPB ${rows_per_block}
 #define BLOCK ${block}

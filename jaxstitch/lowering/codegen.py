@@ -206,7 +206,7 @@ def render(plan: KernelPlan) -> Source:
         if k.chunked and ph.chunk_work:
             body("for (int ch = 0; ch < CHUNKS; ++ch) {")
             w = k.writer = Writer(body.indent + 1)
-            load_chunk(k, w, stash, first_phase=lv == 0)
+            load_chunk(k, w, stash, first_phase=lv == 0, last_read=lv == last_chunk_phase)
         if lv == 0:
             for v in early:
                 k.store_output(w, v, "chunk")
@@ -260,7 +260,7 @@ def render(plan: KernelPlan) -> Source:
     summary = f"{len(region.ops)} ops, {m.n_rows}x{m.n_cols}, {plan.description}, scheme {plan.scheme}"
     code = string.Template(template("stitch_kernel.cu")).substitute(
         summary=summary, common=template("stitch_common.cuh"), n_rows=m.n_rows, n_cols=m.n_cols,
-        vec=m.vec, tpr=m.tpr, vpt=m.vpt, chunks=m.chunks, rows_per_block=m.rows_per_block, block=m.block,
+        vec=m.vec, tpr=m.tpr, vpt=m.vpt, chunks=m.chunks, stash_chunks=m.stashed_chunks, rows_per_block=m.rows_per_block, block=m.block,
         min_blocks=m.min_blocks, splits=m.splits, slice=m.slice_cols,
         row_c0="js_c0" if k.split else "0", row_cols="js_ncols" if k.split else "N_COLS", loop_head=loop_head,
         name=KERNEL_NAME, params=", ".join(params), shared=shared.text(), prologue=pro.text(),

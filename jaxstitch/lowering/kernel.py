@@ -244,11 +244,16 @@ class Kernel:
             self.elementwise(w, op)
 
     # ---- memory -----------------------------------------------------------------------------------
+    @property
+    def partial_stash(self) -> bool:
+        return self.m.stashed_chunks < self.m.chunks
+
     def load_array(self, w: Writer, v: ir.Value, ptr: str, per_row: bool, stash: str | None = None,
-                   from_stash: bool = False):
+                   from_stash: bool = False, last_read: bool = False):
         """E elements of `v` owned by this thread (of the current chunk): of the current row, or of the
         column vector. `stash` names this input's shared-memory stash: the first phase copies the
-        loaded vectors there, later phases read them back (each thread only its own slots)."""
+        loaded vectors there, later phases read them back (each thread only its own slots). Chunks past
+        a partial stash are read from global memory, kept in L2 until the `last_read`."""
         ct, st = self.ctype(v), STYPE[v.dtype]
         slot = stash_slot(stash) if stash else None
         w(f"{ct} v{v.id}[E];")
@@ -258,6 +263,10 @@ class Kernel:
         guard = f"{'row_ok && ' if per_row else ''}col0 < ROW_COLS"
         if stash is None:
             w(f"  if ({guard}) js_load<{st}, V>({ptr} + col0, &v{v.id}[k * V]);")
+        elif from_stash and self.partial_stash:
+            keep = "false" if last_read else "true"
+            w(f"  if ({guard} && ch < STASH_CHUNKS) js_load<{st}, V>({slot}, &v{v.id}[k * V]);")
+            w(f"  else if ({guard}) js_load_l2<{st}, V, {keep}>({ptr} + col0, &v{v.id}[k * V]);")
         elif from_stash:
             w(f"  if ({guard}) js_load<{st}, V>({slot}, &v{v.id}[k * V]);")
         else:
@@ -274,7 +283,8 @@ class Kernel:
         src = self.rounded_from.get(self.root(v.id), v)
         w(f"    {self.ctype(src)} t[V];")
         w("    for (int i = 0; i < V; ++i) { const int e = k * V + i; t[i] = " + self.ref(src) + "; }")
-        w(f"    js_store<{st}, V>(out{out_index} + {base}col0, t);")
+        stream = ", true" if self.partial_stash else ""  # streamed past L2 (see js_store)
+        w(f"    js_store<{st}, V{stream}>(out{out_index} + {base}col0, t);")
         w("  }")
         w("}")
 

@@ -13,7 +13,7 @@ def stash_ptr(k: Kernel, v: ir.Value, offset: int) -> str:
     return f"reinterpret_cast<{STYPE[v.dtype]}*>(js_dyn + {buf}{offset})"
 
 
-def load_chunk(k: Kernel, w: Writer, stash: dict[int, int], first_phase: bool):
+def load_chunk(k: Kernel, w: Writer, stash: dict[int, int], first_phase: bool, last_read: bool = False):
     """This thread's elements of the per-chunk inputs: row inputs from the stash when they were staged
     into it, else from global memory in the first phase (copied to the stash when there is one) and
     from the stash after; column inputs (chunked rows only) from global memory, where L1/L2 keep them."""
@@ -23,7 +23,7 @@ def load_chunk(k: Kernel, w: Writer, stash: dict[int, int], first_phase: bool):
             ptr = f"in{i} + row * N_COLS + ROW_C0"
             if v.id in stash:
                 k.load_array(w, v, ptr, per_row=True, stash=stash_ptr(k, v, stash[v.id]),
-                             from_stash=k.m.stages > 0 or not first_phase)
+                             from_stash=k.m.stages > 0 or not first_phase, last_read=last_read)
             else:
                 k.load_array(w, v, ptr, per_row=True)
         elif p.storage == COL and k.chunked:
@@ -55,8 +55,10 @@ def stage_rows(k: Kernel, w: Writer, stash: dict[int, int], base: str, one_chunk
         w("  const int sc0 = 0, scols = N_COLS;")
         w("  const bool sok = srow < N_ROWS;")
     pad = "  " if one_chunk else "    "
+    if one_chunk and k.m.stashed_chunks < k.m.chunks:
+        w("  if (ch < STASH_CHUNKS)")
     if not one_chunk:
-        w("  for (int ch = 0; ch < CHUNKS; ++ch) {")
+        w("  for (int ch = 0; ch < STASH_CHUNKS; ++ch) {")
     w("#pragma unroll")
     w(f"{pad}for (int k = 0; k < VPT; ++k) {{")
     w(f"{pad}  const int col0 = {vec_col('k')};")
@@ -64,7 +66,8 @@ def stage_rows(k: Kernel, w: Writer, stash: dict[int, int], base: str, one_chunk
     for v in k.plan.region.inputs:
         if v.id in stash:
             i = k.inputs[v.id]
-            w(f"{pad}  js_stage<{STYPE[v.dtype]}, V>({stash_slot(stash_ptr(k, v, stash[v.id]))}, "
+            stream = ", true" if k.partial_stash else ""
+            w(f"{pad}  js_stage<{STYPE[v.dtype]}, V{stream}>({stash_slot(stash_ptr(k, v, stash[v.id]))}, "
               f"ok ? in{i} + srow * N_COLS + sc0 + col0 : in{i}, ok);")
     w(f"{pad}}}")
     if not one_chunk:
