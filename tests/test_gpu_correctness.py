@@ -206,6 +206,9 @@ LONG_ROWS = [  # (workload, dtype, shape, what the mapping must say)
     ("softmax_fwdbwd", "float32", (270, 60001), r"\d+ chunks, global stash"),
     ("layernorm_fwd", "float32", (280, 30000), r"\d+ chunks, shared stash"),
     ("xent_fwdbwd", "bfloat16", (300, 32000), r"\d+ chunks, shared stash"),
+    # two rows to an SM: the stash holds 3 of 4 chunks, the 4th is read from global memory each pass
+    ("softmax_fwdbwd", "bfloat16", (300, 32000), r"\d+ chunks, shared stash of \d+"),  # two inputs
+    ("xent_fwdbwd", "float32", (300, 32000), r"\d+ chunks, shared stash of \d+"),
     # few rows: each split over blocks, partial reductions combined past grid barriers
     ("softmax_fwdbwd", "bfloat16", (61, 20000), r"rows split over \d+ blocks"),
     ("softmax_fwdbwd", "float32", (37, 60001), r"rows split over \d+ blocks"),

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 import jaxstitch
 from jaxstitch import config, pipeline
 from jaxstitch.kernels import cache, nvrtc
+from jaxstitch.plan.mapping import stash_slot_bytes
 from jaxstitch.workloads import WORKLOADS, layernorm_fwdbwd, softmax_fwdbwd, xent_fwdbwd
 from strategies import force_stitching, random_inputs, region_graphs
 
@@ -331,6 +332,22 @@ def test_chunked_rows_keep_two_or_more_rows_per_sm(dtype, mapping, rows_per_sm):
     assert r.mapping.startswith(mapping), str(report)
     assert r.grid == rows_per_sm * jaxstitch.get_target("h200").sm_count, str(report)
     assert 228 * 1024 // (r.smem_bytes + 5 * 1024) >= rows_per_sm
+
+
+@pytest.mark.parametrize("fn,specs", [
+    (softmax_fwdbwd, [S((4096, 32000), jnp.bfloat16)] * 2),   # two row inputs, 3 of 4 chunks each
+    (xent_fwdbwd, None),
+])
+def test_stash_slots_fit_the_shared_memory_planned(fn, specs):
+    """Every stashed input's slots (its chunks held in shared memory) lie inside the block's dynamic
+    shared memory, partial stashes included."""
+    specs = specs or list(_xent_specs(4096, 32000, jnp.float32))
+    plan = _program(fn, specs, target="h200").regions[0].plan.kernel
+    m = plan.mapping
+    assert m.stashed_chunks < m.chunks, m
+    ends = [s.offset + stash_slot_bytes(m.block, m.stashed_chunks, m.vpt, m.vec, 2 if specs[0].dtype == jnp.bfloat16 else 4)
+            for s in plan.stash]
+    assert len(ends) == len([v for v in specs if v.ndim == 2]) and max(ends) <= m.smem_bytes, (plan.stash, m)
 
 
 def _xent_specs(n, v, dtype):

@@ -128,7 +128,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         if mp.smem_bytes:
             for v in row_inputs:
                 stash.append(StashSlot(v.id, at))
-                at += mapping_mod.stash_slot_bytes(mp.block, mp.chunks, mp.vpt, mp.vec, v.itemsize)
+                at += mapping_mod.stash_slot_bytes(mp.block, mp.stashed_chunks, mp.vpt, mp.vec, v.itemsize)
         reductions, offset = [], BARRIER_BYTES // 4
         for op in grid_ops:
             size = layout.n_cols if layout.of(op.outputs[0]).declared == COL else 1
