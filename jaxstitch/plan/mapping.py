@@ -166,9 +166,8 @@ def _resident_rows(shape: tuple[int, int, int], vec: int, stash_itemsizes, targe
     stage = sum(stash_slot_bytes(tpr, chunks, vpt, vec, i) for i in stash_itemsizes)
     if not stage or stage > target.smem_optin - STATIC_SMEM_RESERVE:
         return 0
-    by_smem = target.smem_per_sm // (stage + STATIC_SMEM_RESERVE + SMEM_PER_BLOCK_SYSTEM)
     by_regs = 2 if tpr >= 512 else max(1, tuning.min_threads // tpr)
-    return min(by_smem, target.max_threads_per_sm // tpr, by_regs)
+    return min(_per_sm_by_smem(stage, target), target.max_threads_per_sm // tpr, by_regs)
 
 
 def _per_sm_by_smem(smem: int, target: Target) -> int:
