@@ -89,15 +89,15 @@ def _split_one_hot(k: Kernel, w: Writer, emit, tag: int):
     rematerializes)."""
     copies = dict(k.copies)
     k.one_hots_used = {}
-    general = Writer(w.indent + 1)
+    general = Writer(w.indent)
     k.writer = general
     emit(general)
     used = dict(k.one_hots_used)
-    k.copies = dict(copies)
     k.writer = w
-    if not used:
-        emit(w)
+    if not used:  # the code as emitted, in place
+        w.lines.extend(general.lines)
         return
+    k.copies = dict(copies)
     rows = {k.root(v.id): v for v in used.values()}
     hit = f"js_hit{tag}"
     tests = " || ".join(f"(unsigned int)({k.ref(v)}) - (unsigned int)(ROW_C0 + {vec_col('k')}) < (unsigned int)V"
@@ -112,7 +112,7 @@ def _split_one_hot(k: Kernel, w: Writer, emit, tag: int):
     w(f"if (!{hit}) {{")
     w.lines.extend(miss.lines)
     w("} else {")
-    w.lines.extend(general.lines)
+    w.lines.extend("  " + line for line in general.lines)
     w("}")
 
 

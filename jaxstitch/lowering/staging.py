@@ -55,7 +55,7 @@ def stage_rows(k: Kernel, w: Writer, stash: dict[int, int], base: str, one_chunk
         w("  const int sc0 = 0, scols = N_COLS;")
         w("  const bool sok = srow < N_ROWS;")
     pad = "  " if one_chunk else "    "
-    if one_chunk and k.m.stashed_chunks < k.m.chunks:
+    if one_chunk and k.partial_stash:
         w("  if (ch < STASH_CHUNKS)")
     if not one_chunk:
         w("  for (int ch = 0; ch < STASH_CHUNKS; ++ch) {")

@@ -256,7 +256,7 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     groups = math.ceil(n * splits / rows_per_block)
     per_sm = max(1, target.max_threads_per_sm // block)
     if smem:
-        per_sm = max(1, min(per_sm, target.smem_per_sm // (smem + STATIC_SMEM_RESERVE + SMEM_PER_BLOCK_SYSTEM)))
+        per_sm = max(1, min(per_sm, _per_sm_by_smem(smem, target)))
     if col_partials:  # a row of partials per block goes through global memory: keep the grid small
         per_sm = max(1, min(per_sm, 1024 // block))
     grid = max(1, min(groups, target.sm_count * per_sm))
