@@ -65,6 +65,14 @@ template <> __device__ __forceinline__ js_bf16 js_from_bits(unsigned int b) { js
 template <> __device__ __forceinline__ js_f16 js_from_bits(unsigned int b) { js_f16 r; r.bits = (unsigned short)b; return r; }
 template <> __device__ __forceinline__ unsigned char js_from_bits(unsigned int b) { return (unsigned char)b; }
 
+// L2 eviction priorities (sm_80+) for rows partly re-read from global memory: KEEP (evict_last) on
+// a read that a later pass repeats, else evict_first (the data's last use, or a streamed output).
+template <bool KEEP> __device__ __forceinline__ unsigned long long js_l2_policy() {
+  unsigned long long p;
+  if constexpr (KEEP) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
 // More than 16 bytes (a vector wider than the widest access) moves as 16-byte pieces.
 template <int WORDS> __device__ __forceinline__ void js_read_words(const void* p, unsigned int* w) {
   if constexpr (WORDS > 4) {
@@ -86,11 +94,15 @@ template <int WORDS> __device__ __forceinline__ void js_write_words(void* p, con
 }
 // As js_write_words to global memory, as one instruction: NVVM split the uint4 store above into four
 // 4-byte stores in some kernels (layer norm's), a quarter of the bytes per store instruction.
-template <int WORDS> __device__ __forceinline__ void js_write_words_global(void* p, const unsigned int* w) {
+// STREAM: 16-byte pieces are stored evict_first, leaving L2 to data read again.
+template <int WORDS, bool STREAM = false> __device__ __forceinline__ void js_write_words_global(void* p, const unsigned int* w) {
   if constexpr (WORDS > 4) {
 #pragma unroll
-    for (int i = 0; i < WORDS; i += 4) js_write_words_global<4>(static_cast<char*>(p) + 4 * i, w + i);
+    for (int i = 0; i < WORDS; i += 4) js_write_words_global<4, STREAM>(static_cast<char*>(p) + 4 * i, w + i);
   }
+  else if constexpr (WORDS == 4 && STREAM)
+    asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;"
+                 :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]), "l"(js_l2_policy<false>()) : "memory");
   else if constexpr (WORDS == 4)
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
   else if constexpr (WORDS == 2)
@@ -99,34 +111,33 @@ template <int WORDS> __device__ __forceinline__ void js_write_words_global(void*
     asm volatile("st.global.b32 [%0], %1;" :: "l"(p), "r"(w[0]) : "memory");
 }
 
+// V elements of S packed in words, converted to compute type.
+template <typename S, int V, typename C>
+__device__ __forceinline__ void js_unpack(const unsigned int* w, C* out) {
+  constexpr int PER = 4 / (int)sizeof(S);
+#pragma unroll
+  for (int i = 0; i < V; ++i)
+    out[i] = js_io<S>::get(js_from_bits<S>(PER == 1 ? w[i] : w[i / PER] >> (8 * (int)sizeof(S) * (i % PER))));
+}
+
 // Loads V contiguous elements (one vector access) and converts them to compute type.
 template <typename S, int V, typename C>
 __device__ __forceinline__ void js_load(const S* __restrict__ p, C* out) {
-  constexpr int BYTES = V * (int)sizeof(S), PER = 4 / (int)sizeof(S);
+  constexpr int BYTES = V * (int)sizeof(S);
   if constexpr (BYTES >= 4) {
     unsigned int w[BYTES / 4];
     js_read_words<BYTES / 4>(p, w);
-#pragma unroll
-    for (int i = 0; i < V; ++i)
-      out[i] = js_io<S>::get(js_from_bits<S>(PER == 1 ? w[i] : w[i / PER] >> (8 * (int)sizeof(S) * (i % PER))));
+    js_unpack<S, V>(w, out);
   } else {
 #pragma unroll
     for (int i = 0; i < V; ++i) out[i] = js_io<S>::get(p[i]);
   }
 }
 
-// L2 eviction priorities (sm_80+) for rows partly re-read from global memory: KEEP (evict_last) on
-// a read that a later pass repeats, else evict_first (the data's last use, or a streamed output).
-template <bool KEEP> __device__ __forceinline__ unsigned long long js_l2_policy() {
-  unsigned long long p;
-  if constexpr (KEEP) asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  else asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
 // As js_load from global memory, with an L2 eviction priority.
 template <typename S, int V, bool KEEP, typename C>
 __device__ __forceinline__ void js_load_l2(const S* __restrict__ p, C* out) {
-  constexpr int BYTES = V * (int)sizeof(S), PER = 4 / (int)sizeof(S);
+  constexpr int BYTES = V * (int)sizeof(S);
   if constexpr (BYTES % 16 == 0) {
     const unsigned long long pol = js_l2_policy<KEEP>();
     unsigned int w[BYTES / 4];
@@ -135,9 +146,7 @@ __device__ __forceinline__ void js_load_l2(const S* __restrict__ p, C* out) {
       asm volatile("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
                    : "=r"(w[b]), "=r"(w[b + 1]), "=r"(w[b + 2]), "=r"(w[b + 3])
                    : "l"(reinterpret_cast<const char*>(p) + 4 * b), "l"(pol));
-#pragma unroll
-    for (int i = 0; i < V; ++i)
-      out[i] = js_io<S>::get(js_from_bits<S>(PER == 1 ? w[i] : w[i / PER] >> (8 * (int)sizeof(S) * (i % PER))));
+    js_unpack<S, V>(w, out);
   } else {
     js_load<S, V>(p, out);
   }
@@ -201,16 +210,7 @@ __device__ __forceinline__ void js_store(S* __restrict__ p, const C* in) {
 #pragma unroll
       for (int t = 0; t < PER; ++t) w[j] |= js_bits(js_io<S>::put(in[j * PER + t])) << (8 * (int)sizeof(S) * t);
     }
-    if constexpr (STREAM && BYTES % 16 == 0) {  // evict_first: leave L2 to data read again
-      const unsigned long long pol = js_l2_policy<false>();
-#pragma unroll
-      for (int b = 0; b < BYTES / 4; b += 4)
-        asm volatile("st.global.L2::cache_hint.v4.b32 [%0], {%1, %2, %3, %4}, %5;"
-                     :: "l"(reinterpret_cast<char*>(p) + 4 * b), "r"(w[b]), "r"(w[b + 1]), "r"(w[b + 2]), "r"(w[b + 3]), "l"(pol)
-                     : "memory");
-    } else {
-      js_write_words_global<BYTES / 4>(p, w);
-    }
+    js_write_words_global<BYTES / 4, STREAM>(p, w);
   } else {
 #pragma unroll
     for (int i = 0; i < V; ++i) p[i] = js_io<S>::put(in[i]);
