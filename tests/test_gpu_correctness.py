@@ -217,16 +217,20 @@ LONG_ROWS = [  # (workload, dtype, shape, what the mapping must say)
     ("xent_fwdbwd", "bfloat16", (3, 120000), r"rows split over \d+ blocks"),
     # a 48 KiB stash next to static shared memory: the launcher must opt in above 48 KiB in all
     ("softmax_fwdbwd", "float32", (5, 40000), r"rows split over \d+ blocks"),
-    # more (row, slice) tasks than resident blocks: rounds of whole rows (3 here, the last one short)
-    ("softmax_fwdbwd", "bfloat16", (33, 262144), r"rows split over \d+ blocks"),
+    # a task per SM, one round: part of each slice stashed, the rest read through L2 in each pass
+    ("softmax_fwdbwd", "bfloat16", (33, 262144), r"rows split over 4 blocks, 8 chunks, shared stash of 6"),
+    ("softmax_fwdbwd", "float32", (32, 262144), r"rows split over 4 blocks, 8 chunks, shared stash of 3"),
+    # more (row, slice) tasks than resident blocks (forced: 32 slices): rounds of whole rows
+    ("softmax_fwdbwd", "bfloat16", (33, 262145), r"rows split over 32 blocks"),
 ]
+SPLITS_TUNE = {(33, 262145): "splits=32"}  # (elsewhere the planner chooses)
 
 
 @pytest.mark.parametrize("name,dtype,shape,mapping", LONG_ROWS,
                          ids=[f"{n}-{d}-{s[0]}x{s[1]}" for n, d, s, _ in LONG_ROWS])
 def test_long_rows_match_xla(name, dtype, shape, mapping, monkeypatch):
-    if "split" in mapping:
-        monkeypatch.setenv("JAXSTITCH_TUNE", "splits=0")  # task splitting is off by default
+    if shape in SPLITS_TUNE:
+        monkeypatch.setenv("JAXSTITCH_TUNE", SPLITS_TUNE[shape])
     with force_stitching():
         report = check_workload(name, dtype, shape, forced=True)
     assert any(r.stitched and re.search(mapping, r.mapping or "") for r in report.regions), str(report)

@@ -305,8 +305,7 @@ STAGED = r"(, [12]-stage async loads)?(, online softmax x\d+)?(, fast exp)?"
     (32000, 64, r"block per row, rows split over \d+ blocks(, \d+ chunks)?, (shared|global) stash"),
 ])
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_mapping_by_row_length(c, n, pattern, dtype, monkeypatch):
-    monkeypatch.setenv("JAXSTITCH_TUNE", "splits=0")  # task splitting on (off by default)
+def test_mapping_by_row_length(c, n, pattern, dtype):
     x = S((n, c), DTYPES[dtype])
     report = explain(softmax_fwdbwd, x, x)
     assert len(report.regions) == 1, str(report)
@@ -398,11 +397,9 @@ def test_spilling_kernels_fall_back_and_report_what_was_tried(monkeypatch):
     (WORKLOADS["layernorm_fwd"].fn, (S((5, 30001), jnp.float32), S((30001,), jnp.float32),
                                      S((30001,), jnp.float32))),  # column inputs, a ragged last slice
 ], ids=["softmax-f32", "softmax-bf16", "xent-bf16", "layernorm-fwd-odd"])
-def test_few_long_rows_are_split(fn, specs, monkeypatch):
+def test_few_long_rows_are_split(fn, specs):
     """Too few long rows to fill an H200's SMs: each row's slices go to several blocks, whose partial
-    reductions meet in the workspace past grid barriers; one kernel, compiled without spills. (Task
-    splitting is off by default: JAXSTITCH_TUNE splits=0 turns it on.)"""
-    monkeypatch.setenv("JAXSTITCH_TUNE", "splits=0")
+    reductions meet in the workspace past grid barriers; one kernel, compiled without spills."""
     with force_stitching():
         report = explain(fn, *specs, target="h200")
     assert report.stitched_kernels == 1, str(report)
@@ -421,10 +418,11 @@ def test_long_rows_with_column_reductions_are_declined():
 
 
 
-def test_few_long_rows_unsplit_are_left_to_xla():
-    """Without task splitting (the default), 32 rows of 256k elements would keep 32 of an H200's 132
-    SMs busy (measured 0.6x of jax.jit): the cost model counts the idle SMs and leaves the region to
-    XLA, saying why."""
+def test_few_long_rows_unsplit_are_left_to_xla(monkeypatch):
+    """Without task splitting (JAXSTITCH_TUNE splits=1), 32 rows of 256k elements would keep 32 of
+    an H200's 132 SMs busy (measured 0.6x of jax.jit): the cost model counts the idle SMs and leaves
+    the region to XLA, saying why."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", "splits=1")
     x = S((32, 262144), jnp.float32)
     report = explain(WORKLOADS["softmax_fwdbwd"].fn, x, x, target="h200")
     assert report.stitched_kernels == 0, str(report)

@@ -37,8 +37,8 @@ class Tuning:
     `min_threads`: threads per SM the launch bounds leave registers for; `stages`: 0, 1 or 2 async
     staging buffers for rows that fit in registers; `min_gain_pct`: the estimated speedup (in %)
     the cost model asks for before it stitches (e.g. 100 to measure regions it declines); `splits`:
-    blocks per long row when there are too few rows to fill the GPU (0: chosen by the planner;
-    unset: never, the default while split kernels lose to XLA); `online`: 0 reduces a softmax's
+    blocks per long row when there are too few rows to fill the GPU (unset or 0: chosen by the
+    planner; 1: never split); `online`: 0 reduces a softmax's
     max and sum of exponentials in two passes, as written, instead of one (plan/online.py);
     `fast_exp`: 0 computes exp with expf even in half-precision regions (see planner.fast_exp)."""
 
@@ -187,12 +187,25 @@ def _partial_stash(chunk_bytes: int, chunks: int, block: int, target: Target) ->
     return 0
 
 
+def _split_stash(chunk_bytes: int, chunks: int, want: int, target: Target) -> int:
+    """Chunks of a split row's slice to stash so that `want` blocks fit on an SM, which puts every
+    (row, slice) task in one round of resident blocks: a second round would cross every grid barrier
+    again after a full refill. The chunks left out are re-read through L2 in each pass. 0: not even
+    one chunk fits (a global stash)."""
+    for held in range(chunks, 0, -1):
+        if _per_sm_by_smem(chunk_bytes * held, target) >= want:
+            return held
+    return 0
+
+
 def _splits(n: int, c: int, vec: int, target: Target) -> int:
-    """Blocks per row for few long rows: about two (row, slice) tasks per SM, so that at most two
-    rounds of resident blocks run them; slices of at least two vectors per thread of a 512-thread
-    block; never more slices than SMs (a round holds whole rows: see codegen's js_step)."""
+    """Blocks per row for few long rows: about one (row, slice) task per SM (67 rows: 2). Two per SM measured
+    slower (H200, softmax fwd+bwd over 32 rows of 256k, 8 slices against 4: bfloat16 38.6 against
+    33.6 us, float32 66 against 60): more barrier arrivals, and a smaller share of each slice
+    stashed. Slices hold at least two vectors per thread of a 512-thread block; never more slices
+    than SMs (a round holds whole rows: see codegen's js_step)."""
     most = max(1, min(c // (2 * CHUNKED_TPR * vec), target.sm_count))  # a row's blocks all resident
-    splits = min(most, (2 * target.sm_count) // max(1, n))
+    splits = min(most, (2 * target.sm_count + n) // (2 * max(1, n)))  # SMs per row, rounded
     return splits if splits >= 2 else 1
 
 
@@ -216,10 +229,8 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     tpr, vpt, chunks = _row_shape(c, vec, budget, tuning.max_tpr)
     col_partials = grid_reduced and any(p.declared == COL and p.level < 0 for p in layout.values)
     splits, slice_cols = 1, c
-    # Task splitting is off by default: correct (GPU tests) but, with its 2-3 grid barriers and
-    # re-read slices, measured slower than XLA on 32 rows of 256k (0.91x / 0.96x, H200); on with
-    # JAXSTITCH_TUNE splits=0 (automatic) or splits=K.
-    if chunks > 1 and splittable and not col_partials and tuning.splits not in (None, 1):
+    # Few long rows: each split over several blocks (JAXSTITCH_TUNE splits=1 never splits).
+    if chunks > 1 and splittable and not col_partials and tuning.splits != 1:
         # (a forced K is kept to the SMs: a round of tasks must hold a whole row)
         splits = min(tuning.splits, target.sm_count) if tuning.splits else _splits(n, c, vec, target)
         if splits > 1:
@@ -249,7 +260,14 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     elif copyable and 2 * stage <= target.smem_per_sm // 4 - STATIC_SMEM_RESERVE:
         stages = 2  # a next-row buffer that still leaves room for 4 blocks per SM
     stash_chunks = 0
-    if stash == SHARED and stages == 1 and splits == 1 and chunks > 1:
+    if splits > 1 and copyable:
+        want = min(-(-n * splits // target.sm_count), target.max_threads_per_sm // block)
+        held = _split_stash(stage // chunks, chunks, want, target)
+        if held:
+            stash, stages = SHARED, 1
+            stash_chunks = 0 if held == chunks else held
+            stage = stage // chunks * held
+    elif stash == SHARED and stages == 1 and chunks > 1:
         stash_chunks = _partial_stash(stage // chunks, chunks, block, target)
         stage = stage // chunks * (stash_chunks or chunks)
     smem = stage * max(stages, 1) if stash == SHARED or stages else 0

@@ -153,8 +153,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     if est.xla_kernels == 1 or est.speedup < min_gain:
         if est.speedup < min_gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:
             reason = (f"only {busy_sms} of {target.sm_count} SMs would have work ({mp.n_rows} rows, "
-                      f"{mp.rows_per_block} per block; splitting rows over blocks, JAXSTITCH_TUNE=splits=0, is off "
-                      "by default: it measured slower than XLA): "
+                      f"{mp.rows_per_block} per block{', ' + str(mp.splits) + ' blocks per row' if mp.splits > 1 else ''}): "
                       f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
         elif est.xla_kernels == 1:
             reason = (f"XLA already runs this as one kernel (est. {est.xla_us:.1f} us vs {est.us:.1f} us "
