@@ -293,7 +293,18 @@ def format_table(rows, meta) -> str:
     lines = [header_line(meta), line(ok[0]), "  ".join("-" * w for w in widths)]
     lines += [line(c) for c in ok[1:]]
     lines += ["  ".join(_error_cells(r)) for r in rows if "error" in r]
-    return "\n".join(lines)
+    return "\n".join(lines + [summary_line(rows)])
+
+
+def summary_line(rows) -> str:
+    """The geometric mean of the speedups over every case that ran, and the slowest case."""
+    ok = [r for r in rows if "error" not in r]
+    if not ok:
+        return "no case ran"
+    geo = math.exp(sum(math.log(r["speedup"]) for r in ok) / len(ok))
+    low = min(ok, key=lambda r: r["speedup"])
+    return (f"geomean speedup over {len(ok)} cases: {geo:.2f}x; slowest: {low['workload']} {low['dtype']} "
+            f"{low['speedup']:.2f}x")
 
 
 def format_variants(rows) -> str:
@@ -316,7 +327,7 @@ def format_markdown(rows, meta) -> str:
     lines = [header_line(meta), "", line(list(COLUMNS)),
              "|" + "|".join("---" if i < 2 else "---:" for i in range(len(COLUMNS))) + "|"]
     lines += [line(_error_cells(r) if "error" in r else _cells(r)) for r in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + ["", summary_line(rows)])
 
 
 # ----------------------------------------------------------------------------------------------------

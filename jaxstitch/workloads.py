@@ -123,6 +123,55 @@ def _normal(key, shape, dtype, scale=1.0, mean=0.0):
     return (mean + scale * jax.random.normal(key, shape, F32)).astype(dtype)
 
 
+def dien_attention(keys, query, mask):
+    """DIEN's attention over a user's behaviour sequence, with its small dims ([B, 50, 36]): scores
+    q.k over the 36 features, masked to the sequence length, softmax over the 50 steps, and the
+    weighted sum of the steps. Statistics in float32; returns keys.dtype."""
+    k, q = keys.astype(F32), query.astype(F32)
+    scores = jnp.sum(q[:, None, :] * k, axis=-1) / jnp.sqrt(jnp.float32(k.shape[-1]))
+    p = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
+    return jnp.sum(p[..., None] * k, axis=1).astype(keys.dtype)
+
+
+def dien_attention_fwdbwd(keys, query, mask, dout):
+    """The attention above and its gradients with respect to the keys and the query."""
+    out, vjp = jax.vjp(lambda k, q: dien_attention(k, q, mask), keys, query)
+    return (out,) + vjp(dout)
+
+
+ADAM_B1, ADAM_B2, ADAM_EPS, ADAM_LR, WEIGHT_DECAY = 0.9, 0.999, 1e-8, 1e-4, 0.01
+
+
+def adamw_update(params, grads, mu, nu, count):
+    """One AdamW step over a list of parameters (optax.adamw's arithmetic, written out so that the
+    suite needs no optax): moments in float32, parameters back in their own dtype. Every tensor's
+    update is independent of the others: a case for stitching independent regions into one launch."""
+    bc1, bc2 = 1 - ADAM_B1 ** count, 1 - ADAM_B2 ** count
+
+    def one(p, g, m, v):
+        g32, p32 = g.astype(F32), p.astype(F32)
+        m = ADAM_B1 * m + (1 - ADAM_B1) * g32
+        v = ADAM_B2 * v + (1 - ADAM_B2) * g32 * g32
+        step = (m / bc1) / (jnp.sqrt(v / bc2) + ADAM_EPS) + WEIGHT_DECAY * p32
+        return (p32 - ADAM_LR * step).astype(p.dtype), m, v
+
+    out = [one(*t) for t in zip(params, grads, mu, nu)]
+    return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
+
+
+def bert_param_shapes(layers: int, hidden: int, vocab: int, max_pos: int = 512) -> list[tuple[int, ...]]:
+    """The parameter shapes of a BERT encoder (BERT-base: 12 layers, hidden 768, vocab 30522: 199
+    tensors, 110M values)."""
+    h, f = hidden, 4 * hidden
+    shapes = [(vocab, h), (max_pos, h), (2, h), (h,), (h,)]  # embeddings and their layer norm
+    for _ in range(layers):
+        shapes += [(h, h), (h,)] * 4          # query, key, value, attention output
+        shapes += [(h,), (h,)]                # attention layer norm
+        shapes += [(h, f), (f,), (f, h), (h,)]  # feed-forward
+        shapes += [(h,), (h,)]                # output layer norm
+    return shapes + [(h, h), (h,)]            # pooler
+
+
 def _raw_key(key):
     """A legacy uint32[2] key drawn from `key` (typed or raw)."""
     k = jax.random.fold_in(key, 0x5eed)
@@ -168,14 +217,32 @@ def _fig7_inputs(key, dtype, n, c):
     return _normal(kx, (n, c), dtype), _normal(kw, (c,), dtype, 0.5, 1.0)
 
 
+def _dien_inputs(key, dtype, b, t, d):
+    kk, kq, kl, kd = jax.random.split(key, 4)
+    lengths = jax.random.randint(kl, (b, 1), 1, t + 1)  # every sequence has at least one step
+    mask = jnp.arange(t)[None, :] < lengths
+    return _normal(kk, (b, t, d), dtype), _normal(kq, (b, d), dtype), mask, _normal(kd, (b, d), dtype)
+
+
+def _adamw_inputs(key, dtype, layers, hidden, vocab):
+    shapes = bert_param_shapes(layers, hidden, vocab)
+    keys = jax.random.split(key, 4 * len(shapes)).reshape(4, len(shapes))
+    params = [_normal(k, s, dtype, 0.02) for k, s in zip(keys[0], shapes)]
+    grads = [_normal(k, s, dtype, 1e-3) for k, s in zip(keys[1], shapes)]
+    mu = [_normal(k, s, F32, 1e-4) for k, s in zip(keys[2], shapes)]
+    nu = [jnp.abs(_normal(k, s, F32, 1e-6)) for k, s in zip(keys[3], shapes)]
+    return params, grads, mu, nu, jnp.float32(10.0)
+
+
 # ----------------------------------------------------------------------------------------------------
 # The suite
 # ----------------------------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """A benchmark case. `full_shape` / `quick_shape` are the main [rows, cols] array's shape;
-    `draw(key, dtype, rows, cols)` draws the inputs for any such shape."""
+    """A benchmark case. `full_shape` / `quick_shape` are the main [rows, cols] array's shape (the
+    attention's [batch, steps, features]; the optimizer's model size); `draw(key, dtype, *shape)`
+    draws the inputs for any such shape."""
     name: str
     fn: Callable
     draw: Callable
@@ -216,6 +283,10 @@ _SUITE = (
               (262144, 64), (4096, 64)),
     _workload("bias_gelu_bwd", bias_gelu_bwd, _bias_gelu_bwd_inputs, (16384, 1024), (1024, 1024)),
     _workload("bias_gelu_bwd_narrow", bias_gelu_bwd, _bias_gelu_bwd_inputs, (1 << 20, 16), (16384, 16)),
+    # DIEN's attention ([batch, 50 steps, 36 features]); AdamW over BERT-base's 199 parameter tensors
+    # (shape: layers, hidden, vocab).
+    _workload("dien_attention_fwdbwd", dien_attention_fwdbwd, _dien_inputs, (16384, 50, 36), (512, 50, 36)),
+    _workload("adamw_bert", adamw_update, _adamw_inputs, (12, 768, 30522), (2, 64, 1000)),
 )
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _SUITE}

@@ -51,6 +51,8 @@ ODD_SHAPES = {
     "layernorm_fwdbwd_short": (4099, 61),
     "bias_gelu_bwd": (1007, 1021),
     "bias_gelu_bwd_narrow": (16411, 15),
+    "dien_attention_fwdbwd": (517, 50, 36),
+    "adamw_bert": (1, 40, 101),
 }
 
 # Expected stitched kernels at the quick shapes (as in test_pipeline_cpu.py), with the known bugs that
@@ -138,7 +140,11 @@ def _template(name, dtype):
 
 
 def workload_inputs(name, dtype, shape, seed):
-    """Fresh inputs of the workload's structure for a main [N, C] array of `shape`."""
+    """Fresh inputs of the workload's structure for a main [N, C] array of `shape`. Workloads of
+    another structure (the attention's [B, T, D], the optimizer's parameter list) draw their own,
+    from a key made from `seed`."""
+    if len(shape) != 2:
+        return list(WORKLOADS[name].draw(jax.random.key(seed % (1 << 32)), DTYPES[dtype], *shape))
     n, c = shape
     rng = np.random.default_rng(seed)
     out = []
@@ -161,7 +167,7 @@ def _workload_params():
     for name, w in WORKLOADS.items():
         for dtype in DTYPES:
             for label, shape in (("quick", tuple(w.quick_shape)), ("odd", ODD_SHAPES[name])):
-                out.append(pytest.param(name, dtype, shape, id=f"{name}-{dtype}-{label}{shape[0]}x{shape[1]}"))
+                out.append(pytest.param(name, dtype, shape, id=f"{name}-{dtype}-{label}{'x'.join(map(str, shape))}"))
     return out
 
 

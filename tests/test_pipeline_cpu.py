@@ -64,7 +64,7 @@ def quick_inputs(name: str, dtype: str):
 
 
 def quick_specs(name: str, dtype: str):
-    return [S(a.shape, a.dtype) for a in quick_inputs(name, dtype)]
+    return [jax.tree.map(lambda a: S(a.shape, a.dtype), x) for x in quick_inputs(name, dtype)]
 
 
 def explain(fn, *specs, target=TARGET):

@@ -27,7 +27,13 @@ def render_epilogue(k: Kernel, w: Writer, shared: Writer, grid_ops, epi_ops):
                 w("for (int e = 0; e < E; ++e) { const int c = " + col_index("e") + "; "
                   f"if (c < N_COLS) js_ws[{off} + (long long)blockIdx.x * N_COLS + c] = a{o}[e]; }}")
             else:
-                w("for (int rg = 0; rg < RPB; ++rg) {")
+                step = "1"
+                if m.tpr < 32:  # the row groups of a warp first, by shuffles: one warp's sum per loop step
+                    step = "32 / TPR"
+                    w("#pragma unroll")
+                    w(f"for (int e = 0; e < E; ++e) for (int d = TPR; d < 32; d *= 2) "
+                      f"a{o}[e] = {fn}(a{o}[e], __shfl_xor_sync(0xffffffffu, a{o}[e], d));")
+                w(f"for (int rg = 0; rg < RPB; rg += {step}) {{")
                 w("  if (row_in_block == rg) {")
                 w("#pragma unroll")
                 w("    for (int e = 0; e < E; ++e) { const int c = " + col_index("e") + "; "
