@@ -81,6 +81,8 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
     node_of_value: dict[int, object] = {}
     region_ops: dict[int, list[ir.Op]] = {}
     epilogue: set[int] = set()
+    shapes: dict[int, set[tuple[int, ...]]] = {}  # per region, the array shapes its ops touch
+    consumers = _consumers(graph) if fits is not None else {}
     unsupported = []
 
     for op in graph.ops:
@@ -110,17 +112,21 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
             others = [p for p in producers if p != r]
             if nodes.reaches(others, r):
                 continue
+            if fits is not None and not _still_fits(graph, consumers, region_ops, shapes, r, joined, op, fits):
+                continue
             if joined is None:
                 joined = r
             elif nodes.can_merge(joined, r):
                 ops_a, ops_b = region_ops.pop(joined), region_ops.pop(r)
                 joined = nodes.union(joined, r)
                 region_ops[joined] = ops_a + ops_b
+                shapes[joined] = shapes.pop(r) | shapes.get(joined, set())
         if joined is None:
             joined = op.index
             nodes.add(joined)
             region_ops[joined] = []
         region_ops[joined].append(op)
+        shapes.setdefault(joined, set()).update(_shapes(op))
         nodes.deps[joined] |= {p for p in producers if p != joined}
         for o in op.outputs:
             node_of_value[o.id] = joined
@@ -132,14 +138,34 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
     return Partition(_collect(graph, nodes, region_ops), tuple(unsupported))
 
 
+def _shapes(op: ir.Op) -> set[tuple[int, ...]]:
+    return {tuple(v.shape) for v in (*op.inputs, *op.outputs) if isinstance(v, ir.Value) and v.shape}
+
+
+def _still_fits(graph, consumers, region_ops, shapes, r, joined, op, fits) -> bool:
+    """Whether region `r` (with `joined`, the region the op already merges) stays one kernel with `op`
+    added. A region grows through a shared scalar into chains of other shapes (an optimizer's
+    bias corrections reach every parameter's update), or through a reduction into rows of another
+    length (attention's scores, then its softmax): such an op starts a region of its own instead,
+    so the rest stays stitchable. An elementwise op that brings no shape `r` lacks (nor does
+    `joined`) cannot break its placement and skips the check."""
+    new = _shapes(op) | (shapes.get(joined, set()) if joined is not None else set())
+    if op.prim in opdefs.ELEMENTWISE and new <= shapes.get(r, set()):
+        return True
+    rops = region_ops[r] + (region_ops[joined] if joined is not None else []) + [op]
+    return fits(_make_region(graph, -1, sorted(rops, key=lambda o: o.index), consumers))
+
+
 def _merge_siblings(graph, nodes: _Nodes, region_ops: dict, fits):
-    """Merge regions that read a common input and do not depend on each other (one pass over inputs)."""
+    """Merge regions that read a common input and do not depend on each other (one pass over inputs).
+    A common scalar is no reason to merge: reading it twice costs nothing (and an optimizer's step
+    count, read by every parameter's update, would pair hundreds of regions)."""
     consumers = _consumers(graph)
     readers: dict[int, list] = {}
     for root, rops in region_ops.items():
         for op in rops:
             for a in op.inputs:
-                if isinstance(a, ir.Value) and root not in readers.setdefault(a.id, []):
+                if isinstance(a, ir.Value) and a.shape and root not in readers.setdefault(a.id, []):
                     readers[a.id].append(root)
     for vid in sorted(readers):
         group = readers[vid]
