@@ -22,6 +22,9 @@ class Region:
     ops: tuple[ir.Op, ...]
     inputs: tuple[ir.Value, ...]
     outputs: tuple[ir.Value, ...]
+    # Cut from a neighbour that could not also be planned as one kernel: XLA would fuse across the
+    # cut, which a stitched piece prevents (the planner leaves such regions to XLA).
+    cut: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +86,7 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
     epilogue: set[int] = set()
     shapes: dict[int, set[tuple[int, ...]]] = {}  # per region, the array shapes its ops touch
     consumers = _consumers(graph) if fits is not None else {}
+    cut: set[int] = set()  # ops of regions that refused an op, and the refused ops (see Region.cut)
     unsupported = []
 
     for op in graph.ops:
@@ -113,6 +117,8 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
             if nodes.reaches(others, r):
                 continue
             if fits is not None and not _still_fits(graph, consumers, region_ops, shapes, r, joined, op, fits):
+                cut.update(o.index for o in region_ops[r])
+                cut.add(op.index)
                 continue
             if joined is None:
                 joined = r
@@ -135,7 +141,7 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
 
     if fits is not None:
         _merge_siblings(graph, nodes, region_ops, fits)
-    return Partition(_collect(graph, nodes, region_ops), tuple(unsupported))
+    return Partition(_collect(graph, region_ops, cut), tuple(unsupported))
 
 
 def _shapes(op: ir.Op) -> set[tuple[int, ...]]:
@@ -193,7 +199,8 @@ def _consumers(graph: ir.Graph) -> dict[int, set[int]]:
     return out
 
 
-def _make_region(graph: ir.Graph, rid: int, rops: list[ir.Op], consumers: dict[int, set[int]]) -> Region:
+def _make_region(graph: ir.Graph, rid: int, rops: list[ir.Op], consumers: dict[int, set[int]],
+                 cut: bool = False) -> Region:
     members = {op.index for op in rops}
     produced = {o.id for op in rops for o in op.outputs}
     graph_out = {a.id for a in graph.outputs if isinstance(a, ir.Value)}
@@ -205,11 +212,12 @@ def _make_region(graph: ir.Graph, rid: int, rops: list[ir.Op], consumers: dict[i
                 inputs.append(a)
     outputs = [o for op in rops for o in op.outputs
                if o.id in graph_out or any(c not in members for c in consumers.get(o.id, ()))]
-    return Region(rid, tuple(rops), tuple(inputs), tuple(outputs))
+    return Region(rid, tuple(rops), tuple(inputs), tuple(outputs), cut)
 
 
-def _collect(graph: ir.Graph, nodes: _Nodes, region_ops: dict) -> tuple[Region, ...]:
+def _collect(graph: ir.Graph, region_ops: dict, cut: set[int]) -> tuple[Region, ...]:
     ordered = sorted(region_ops.values(), key=lambda rops: min(op.index for op in rops))
     consumers = _consumers(graph)
-    return tuple(_make_region(graph, i, sorted(rops, key=lambda op: op.index), consumers)
+    return tuple(_make_region(graph, i, sorted(rops, key=lambda op: op.index), consumers,
+                              any(op.index in cut for op in rops))
                  for i, rops in enumerate(ordered))

@@ -204,16 +204,18 @@ def test_dot_splits_into_two_regions():
 def test_regions_grow_only_while_plannable():
     """A shared scalar (AdamW's bias corrections) reaches every parameter's update, and a reduction
     (DIEN's attention scores) leads into rows of another length: an op that would make its region
-    unplannable starts a region of its own, so the rest can still be planned (and, for the
-    attention's softmax over 50 steps, stitched)."""
+    unplannable, starts a region of its own, so the rest can still be planned. Such a cut piece is
+    left to XLA all the same, saying why: XLA would fuse across the cut (DIEN's attention softmax,
+    stitched alone, measured 0.89x)."""
     report = explain(WORKLOADS["adamw_bert"].fn, *quick_specs("adamw_bert", "float32"), target="h200")
     assert len(report.regions) > 10, str(report)
     assert not any("neither a row" in (r.reason or "") for r in report.regions), str(report)
     report = explain(WORKLOADS["dien_attention_fwdbwd"].fn,
                      *[S((16384, 50, 36), jnp.float32), S((16384, 36), jnp.float32),
                        S((16384, 50), jnp.bool_), S((16384, 36), jnp.float32)], target="h200")
-    softmax = [r for r in report.regions if r.stitched]
-    assert len(softmax) == 1 and (softmax[0].rows, softmax[0].cols) == (16384, 50), str(report)
+    softmax = [r for r in report.regions if (r.rows, r.cols) == (16384, 50)]
+    assert len(softmax) == 1 and softmax[0].mapping and not softmax[0].stitched, str(report)
+    assert "cut from a neighbouring region" in softmax[0].reason, str(report)
     assert not any("different row lengths" in (r.reason or "") for r in report.regions), str(report)
 
 
