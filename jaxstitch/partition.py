@@ -124,9 +124,10 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
                 joined = r
             elif nodes.can_merge(joined, r):
                 ops_a, ops_b = region_ops.pop(joined), region_ops.pop(r)
+                shapes_ab = shapes.pop(joined, set()) | shapes.pop(r, set())
                 joined = nodes.union(joined, r)
                 region_ops[joined] = ops_a + ops_b
-                shapes[joined] = shapes.pop(r) | shapes.get(joined, set())
+                shapes[joined] = shapes_ab
         if joined is None:
             joined = op.index
             nodes.add(joined)

@@ -199,10 +199,10 @@ def _split_stash(chunk_bytes: int, chunks: int, want: int, target: Target) -> in
 
 
 def _splits(n: int, c: int, vec: int, target: Target) -> int:
-    """Blocks per row for few long rows: about one (row, slice) task per SM (67 rows: 2). Two per SM measured
-    slower (H200, softmax fwd+bwd over 32 rows of 256k, 8 slices against 4: bfloat16 38.6 against
-    33.6 us, float32 66 against 60): more barrier arrivals, and a smaller share of each slice
-    stashed. Slices hold at least two vectors per thread of a 512-thread block; never more slices
+    """Blocks per row for few long rows: about one (row, slice) task per SM (67 rows: 2). Two per SM
+    measured slower (H200, softmax fwd+bwd over 32 rows of 256k, 8 slices against 4: bfloat16 38.6
+    against 33.6 us, float32 66 against 60): more barrier arrivals, and a smaller share of each
+    slice stashed. Slices hold at least two vectors per thread of a 512-thread block; never more slices
     than SMs (a round holds whole rows: see codegen's js_step)."""
     most = max(1, min(c // (2 * CHUNKED_TPR * vec), target.sm_count))  # a row's blocks all resident
     splits = min(most, (2 * target.sm_count + n) // (2 * max(1, n)))  # SMs per row, rounded
