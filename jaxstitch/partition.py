@@ -85,7 +85,7 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
     region_ops: dict[int, list[ir.Op]] = {}
     epilogue: set[int] = set()
     shapes: dict[int, set[tuple[int, ...]]] = {}  # per region, the array shapes its ops touch
-    consumers = _consumers(graph) if fits is not None else {}
+    consumers = _consumers(graph)
     cut: set[int] = set()  # ops of regions that refused an op, and the refused ops (see Region.cut)
     unsupported = []
 
@@ -141,8 +141,8 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
                 epilogue.add(o.id)
 
     if fits is not None:
-        _merge_siblings(graph, nodes, region_ops, fits)
-    return Partition(_collect(graph, region_ops, cut), tuple(unsupported))
+        _merge_siblings(graph, consumers, nodes, region_ops, fits)
+    return Partition(_collect(graph, consumers, region_ops, cut), tuple(unsupported))
 
 
 def _shapes(op: ir.Op) -> set[tuple[int, ...]]:
@@ -163,11 +163,10 @@ def _still_fits(graph, consumers, region_ops, shapes, r, joined, op, fits) -> bo
     return fits(_make_region(graph, -1, sorted(rops, key=lambda o: o.index), consumers))
 
 
-def _merge_siblings(graph, nodes: _Nodes, region_ops: dict, fits):
+def _merge_siblings(graph, consumers: dict[int, set[int]], nodes: _Nodes, region_ops: dict, fits):
     """Merge regions that read a common input and do not depend on each other (one pass over inputs).
     A common scalar is no reason to merge: reading it twice costs nothing (and an optimizer's step
     count, read by every parameter's update, would pair hundreds of regions)."""
-    consumers = _consumers(graph)
     readers: dict[int, list] = {}
     for root, rops in region_ops.items():
         for op in rops:
@@ -216,9 +215,8 @@ def _make_region(graph: ir.Graph, rid: int, rops: list[ir.Op], consumers: dict[i
     return Region(rid, tuple(rops), tuple(inputs), tuple(outputs), cut)
 
 
-def _collect(graph: ir.Graph, region_ops: dict, cut: set[int]) -> tuple[Region, ...]:
+def _collect(graph: ir.Graph, consumers: dict[int, set[int]], region_ops: dict, cut: set[int]) -> tuple[Region, ...]:
     ordered = sorted(region_ops.values(), key=lambda rops: min(op.index for op in rops))
-    consumers = _consumers(graph)
     return tuple(_make_region(graph, i, sorted(rops, key=lambda op: op.index), consumers,
                               any(op.index in cut for op in rops))
                  for i, rops in enumerate(ordered))

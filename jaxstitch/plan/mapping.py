@@ -181,10 +181,7 @@ def _partial_stash(chunk_bytes: int, chunks: int, block: int, target: Target) ->
     its stash; with two, the other row's last pass keeps it busy. 0: stash the whole row."""
     if _per_sm_by_smem(chunk_bytes * chunks, target) >= 2 or target.max_threads_per_sm < 2 * block:
         return 0
-    for s in range(chunks - 1, (chunks + 1) // 2 - 1, -1):
-        if _per_sm_by_smem(chunk_bytes * s, target) >= 2:
-            return s
-    return 0
+    return _most_chunks(chunk_bytes, chunks - 1, (chunks + 1) // 2, 2, target)
 
 
 def _split_stash(chunk_bytes: int, chunks: int, want: int, target: Target) -> int:
@@ -192,8 +189,14 @@ def _split_stash(chunk_bytes: int, chunks: int, want: int, target: Target) -> in
     (row, slice) task in one round of resident blocks: a second round would cross every grid barrier
     again after a full refill. The chunks left out are re-read through L2 in each pass. 0: not even
     one chunk fits (a global stash)."""
-    for held in range(chunks, 0, -1):
-        if _per_sm_by_smem(chunk_bytes * held, target) >= want:
+    return _most_chunks(chunk_bytes, chunks, 1, want, target)
+
+
+def _most_chunks(chunk_bytes: int, most: int, least: int, per_sm: int, target: Target) -> int:
+    """The most chunks, from `most` down to `least`, whose stash lets `per_sm` blocks share an SM;
+    0 when none does."""
+    for held in range(most, least - 1, -1):
+        if _per_sm_by_smem(chunk_bytes * held, target) >= per_sm:
             return held
     return 0
 
