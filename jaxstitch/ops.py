@@ -44,7 +44,7 @@ def unsupported_reason(op: ir.Op) -> str | None:
         return f"{prim} has an empty output"
     if prim == "reshape" and op.param("dimensions") is not None:
         return "reshape with a dimension permutation moves data"
-    if prim in REDUCTIONS and reduce_kind(op) == "other":
+    if prim in REDUCTIONS and reduce_kind(op) == "other" and prim in ("argmax", "argmin"):
         return f"{prim} over axes {op.param('axes')} is neither a row nor a column reduction"
     if prim in ("argmax", "argmin") and reduce_kind(op) != "row":
         return f"{prim} is stitched only along the last axes"
@@ -57,7 +57,8 @@ def nonunit_axes(shape) -> tuple[int, ...]:
 
 def reduce_kind(op: ir.Op) -> str:
     """'trivial' (only size-1 axes), 'row' (a proper suffix of the non-unit axes), 'grid' (all of them, or a
-    proper prefix: a column reduction), or 'other'."""
+    proper prefix: a column reduction), or 'other' (a middle axis: only a tile kernel holds those,
+    plan/tile.py)."""
     shape = op.inputs[0].shape
     axes = tuple(sorted(op.param("axes")))
     real = tuple(a for a in axes if shape[a] != 1)

@@ -10,8 +10,9 @@ from .config import Config
 from .kernels import cache, nvrtc
 from .lowering import codegen
 from .plan import RegionPlan, Unplannable, plan_region
+from .plan import tile
 from .plan.layout import place
-from .targets import Target
+from .targets import TARGETS, Target
 
 log = logging.getLogger("jaxstitch")
 
@@ -85,12 +86,22 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config) -> Compiled:
                "in every thread mapping tried")
         log.info("region %d falls back to XLA: %s", plan.region.id, why)
         return Compiled(plan, source.code, key, None, why, spilled=True, registers=res.registers)
+    if isinstance(plan.kernel, tile.TilePlan):  # one wave of blocks, as many as the cubin lets reside
+        kernel = dataclasses.replace(plan.kernel, mapping=tile.one_wave(plan.kernel.mapping, res.registers, target))
+        plan = dataclasses.replace(plan, kernel=kernel)
     return Compiled(plan, source.code, key, cubin, None, registers=res.registers)
 
 
 def _fits_one_kernel(region) -> bool:
+    """Whether one kernel can hold the region: in a row space, or as a batch of tiles (whose
+    schedule does not depend on the GPU; the target here only sizes its launch)."""
     try:
         place(region)
+        return True
+    except Unplannable:
+        pass
+    try:
+        tile.plan_tile(region, TARGETS["h100"])
         return True
     except Unplannable:
         return False

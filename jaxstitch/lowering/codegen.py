@@ -12,7 +12,8 @@ import string
 from .. import ir, ops as opdefs
 from ..plan import KernelPlan
 from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR, Unplannable
-from . import reductions
+from ..plan.tile import TilePlan
+from . import reductions, tile_codegen
 from .cuda_ops import CTYPE, REDUCE, STYPE
 from .epilogue import render_epilogue
 from .kernel import KERNEL_NAME, Kernel, Writer, template, vec_col  # noqa: F401 - KERNEL_NAME: the stitcher's
@@ -116,7 +117,10 @@ def _split_one_hot(k: Kernel, w: Writer, emit, tag: int):
     w("}")
 
 
-def render(plan: KernelPlan) -> Source:
+def render(plan) -> Source:
+    """A KernelPlan as a row-space kernel, a TilePlan as a tile kernel (tile_codegen.py)."""
+    if isinstance(plan, TilePlan):
+        return tile_codegen.render(plan)
     k = Kernel(plan)
     region, layout, m = plan.region, plan.layout, plan.mapping
     level = {p.value.id: p.level for p in layout.values}

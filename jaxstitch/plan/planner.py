@@ -6,7 +6,7 @@ import dataclasses
 from .. import ops as opdefs
 from ..partition import Region
 from ..targets import Target
-from . import cost, mapping as mapping_mod
+from . import cost, mapping as mapping_mod, tile
 from .layout import COL, FULL, Layout, Unplannable, place
 from .mapping import Mapping
 from .online import OnlineSum, find_online_sums
@@ -70,7 +70,7 @@ class KernelPlan:
 @dataclasses.dataclass(frozen=True)
 class RegionPlan:
     region: Region
-    kernel: KernelPlan | None
+    kernel: KernelPlan | tile.TilePlan | None
     estimate: cost.Estimate | None
     reason: str | None
 
@@ -110,9 +110,12 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     """`tuning` overrides the mapping heuristics (`tuning.max_tpr` caps threads per row); `relaxed`
     drops the register cap of the launch bounds: a mapping whose kernel spills is planned again with
     more registers per thread, see pipeline.compile_region."""
+    online = find_online_sums(region.ops) if tuning.online else ()
     try:
-        online = find_online_sums(region.ops) if tuning.online else ()
         layout = place(region, frozenset(o.sum_id for o in online))
+    except Unplannable as e:
+        return _plan_tile(region, target, tuning, relaxed, str(e))
+    try:
         grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
         if any(op.prim in ("argmax", "argmin") for op in grid_ops):
             raise Unplannable("argmax/argmin over the whole grid")
@@ -148,13 +151,21 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     split_rounds = -(-mp.n_rows * mp.splits // mp.grid) if mp.splits > 1 else 0
     est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, target,
                         rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms, split_rounds=split_rounds)
-    reason = None
     min_gain = cost.MIN_GAIN if tuning.min_gain_pct is None else tuning.min_gain_pct / 100
+    idle = None
+    if est.speedup < min_gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:
+        idle = (f"only {busy_sms} of {target.sm_count} SMs would have work ({mp.n_rows} rows, "
+                f"{mp.rows_per_block} per block{', ' + str(mp.splits) + ' blocks per row' if mp.splits > 1 else ''}): "
+                f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
+    return RegionPlan(region, kernel, est, _decline_reason(region, est, min_gain, idle))
+
+
+def _decline_reason(region: Region, est: cost.Estimate, min_gain: float, idle: str | None) -> str | None:
+    """Why the cost model leaves a planned region to XLA, or None to stitch it."""
+    reason = None
     if est.xla_kernels == 1 or est.speedup < min_gain:
-        if est.speedup < min_gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:
-            reason = (f"only {busy_sms} of {target.sm_count} SMs would have work ({mp.n_rows} rows, "
-                      f"{mp.rows_per_block} per block{', ' + str(mp.splits) + ' blocks per row' if mp.splits > 1 else ''}): "
-                      f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
+        if idle is not None:
+            reason = idle
         elif est.xla_kernels == 1:
             reason = (f"XLA already runs this as one kernel (est. {est.xla_us:.1f} us vs {est.us:.1f} us "
                       "stitched): nothing to gain")
@@ -167,4 +178,19 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         reason = (f"cut from a neighbouring region that cannot be planned with it (estimated {est.us:.1f} us "
                   f"stitched vs {est.xla_us:.1f} us in XLA): a stitched piece would stop XLA fusing across "
                   "the cut (DIEN's attention softmax, stitched alone: 0.89x on an H200)")
-    return RegionPlan(region, kernel, est, reason)
+    return reason
+
+
+def _plan_tile(region: Region, target: Target, tuning: mapping_mod.Tuning, relaxed: bool,
+               row_reason: str) -> RegionPlan:
+    """A region rows cannot hold, planned as a batch of small tiles (plan/tile.py)."""
+    try:
+        kernel = tile.plan_tile(region, target, tuning, bool(tuning.fast_exp) and fast_exp(region))
+    except Unplannable as e:
+        why = row_reason if str(e).startswith(tile.NOT_A_TILE) else f"{row_reason}; as a batch of tiles: {e}"
+        return RegionPlan(region, None, None, why)
+    if relaxed:
+        kernel = dataclasses.replace(kernel, mapping=dataclasses.replace(kernel.mapping, min_blocks=1))
+    est = tile.estimate(kernel, target)
+    min_gain = cost.MIN_GAIN if tuning.min_gain_pct is None else tuning.min_gain_pct / 100
+    return RegionPlan(region, kernel, est, _decline_reason(region, est, min_gain, None))

@@ -1,0 +1,329 @@
+"""Render a TilePlan (plan/tile.py) as CUDA C: one block per batch element's tile, epoch by epoch.
+
+Each step of the plan becomes one loop of the block's threads (or straight-line code at row scope);
+a block barrier ends every epoch. Inside a loop each value is a C expression: a stashed input or a
+shared-memory array read at the loop's indices `a` / `b`, a register, or (inline values) a local
+computed once per loop iteration from its operands.
+"""
+from __future__ import annotations
+
+import string
+
+from .. import ir, ops as opdefs
+from ..plan import tile as T
+from ..plan.layout import Unplannable
+from .cuda_ops import CTYPE, EXPR, REDUCE, STYPE, literal
+from .kernel import KERNEL_NAME, Writer, template
+
+_SIZE = {T.N: "N_ROWS", T.A: "TA", T.B: "TB"}
+_INDEX = {T.N: "row", T.A: "a", T.B: "b"}
+
+
+def _index(kind: str) -> str:
+    """Flat index of element (row, a, b) of a value spanning `kind`'s axes (row-major)."""
+    idx = ""
+    for axis in kind:
+        idx = _INDEX[axis] if not idx else f"({idx}) * {_SIZE[axis]} + {_INDEX[axis]}"
+    return idx or "0"
+
+
+class _Emitter:
+    def __init__(self, plan: T.TilePlan):
+        self.plan = plan
+        self.inputs = {v.id: i for i, v in enumerate(plan.region.inputs)}
+        self.outputs = list(plan.region.outputs)
+        self.producer = {o.id: op for op in plan.region.ops for o in op.outputs}
+        self.consts = {op.outputs[0].id: op.inputs[0] for op in plan.region.ops
+                       if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Const)}
+        self.epoch = 0
+        self.w: Writer | None = None
+        self.memo: dict[int, str] = {}
+        self.tmp = 0
+
+    # ---- values -------------------------------------------------------------------------------
+    def ctype(self, v: ir.Value) -> str:
+        return CTYPE[v.dtype]
+
+    def ref(self, a: ir.Atom) -> str:
+        if isinstance(a, ir.Const):
+            return literal(a.value, a.dtype)
+        rid = self.plan.root(a.id)
+        if rid in self.memo:  # made in this loop body already
+            return self.memo[rid]
+        if rid in self.consts:
+            return literal(self.consts[rid].value, a.dtype)
+        t = self.plan.of(a)
+        v = t.value
+        if t.home == T.STASH:
+            idx = {T.FULL: "a * TB + b", T.A: "a", T.B: "b", T.ROW: "0"}[t.domain]
+            return f"js_io<{STYPE[v.dtype]}>::get(sm{v.id}[{idx}])"
+        if t.home == T.GLOBAL:
+            return f"js_io<{STYPE[v.dtype]}>::get(in{self.inputs[v.id]}[{_index(t.kind)}])"
+        if t.home == T.ARRAY and (t.epoch < 0 or self.epoch >= t.array_epoch):
+            return f"sm{v.id}[{_INDEX[t.domain]}]"
+        if t.home == T.REG:
+            return f"r{v.id}"
+        return self.inline(t)
+
+    def inline(self, t: T.TileValue) -> str:
+        """The value computed in the current loop body, once."""
+        vid = t.value.id
+        if vid not in self.memo:
+            op = self.producer[vid]
+            name = f"t{vid}_{self.tmp}"
+            self.w(f"const {self.ctype(t.value)} {name} = {self.expr(op)};")
+            self.memo[vid] = name
+        return self.memo[vid]
+
+    def expr(self, op: ir.Op) -> str:
+        out = op.outputs[0]
+        if op.prim == "iota":
+            return f"(int)({_INDEX[self.plan.of(out).iota_axis]})"
+        if op.prim == "mul":  # x * convert(pred) as pred ? x : 0, as XLA's simplifier makes it
+            for i, a in enumerate(op.inputs):
+                src = self.producer.get(a.id) if isinstance(a, ir.Value) else None
+                if src is not None and src.prim == "convert_element_type" and src.inputs[0].dtype == "bool" \
+                        and isinstance(src.inputs[0], ir.Value):
+                    other = self.ref(op.inputs[1 - i])
+                    return f"(({self.ref(src.inputs[0])}) ? ({other}) : ({self.ctype(out)})0)"
+        args = [self.ref(a) for a in op.inputs]
+        if op.prim == "exp" and self.plan.fast_exp:
+            return f"js_exp_fast({args[0]})"
+        return EXPR[op.prim](op, args)
+
+    def body(self, w: Writer):
+        """A fresh loop body: inline values are computed again inside it."""
+        self.w, self.memo = w, {}
+        self.tmp += 1  # names unique per body: row-scope bodies share one C scope
+
+    # ---- stores ---------------------------------------------------------------------------------
+    def stores_of(self, vid: int) -> list[tuple[int, ir.Value]]:
+        return [(j, o) for j, o in enumerate(self.outputs) if self.plan.root(o.id) == vid]
+
+    def store(self, w: Writer, j: int, o: ir.Value, expr: str):
+        w(f"out{j}[{_index(self.plan.out_kind(o))}] = js_io<{STYPE[o.dtype]}>::put({expr});")
+
+
+def _reduce(op: ir.Op):
+    ctype = CTYPE[op.outputs[0].dtype]
+    if op.prim not in REDUCE:
+        raise Unplannable(f"{op.prim} in a tile")
+    functor, ident = REDUCE[op.prim]
+    return ctype, functor, ident[ctype]
+
+
+def _row_step(em: _Emitter, w: Writer, step: T.TileStep):
+    em.body(w)
+    for op in step.finish:  # whole-tile reductions: the warps' partials, in warp order
+        out = op.outputs[0]
+        ct, fn, ident = _reduce(op)
+        t = em.plan.of(out)
+        w(f"{ct} r{out.id} = {ident};")
+        w(f"for (int w = 0; w < NWARPS; ++w) r{out.id} = {fn}(r{out.id}, reinterpret_cast<const {ct}*>(js_dyn + {t.partial_offset})[w]);")
+    for op in step.ops:
+        out = op.outputs[0]
+        if op.prim in opdefs.REDUCTIONS:  # along a or b: every warp walks the axis itself
+            ct, fn, ident = _reduce(op)
+            axis = em.plan.of(op.inputs[0]).domain
+            var = _INDEX[axis]
+            w(f"{ct} r{out.id};")
+            w("{")
+            inner = Writer(w.indent + 1)
+            inner(f"{ct} acc = {ident};")
+            inner(f"for (int {var} = lane; {var} < {_SIZE[axis]}; {var} += 32) {{")
+            loop = Writer(w.indent + 2)
+            em.body(loop)
+            x = em.ref(op.inputs[0])
+            loop(f"acc = {fn}(acc, ({ct})({x}));")
+            inner.lines.extend(loop.lines)
+            inner("}")
+            inner(f"r{out.id} = js_group_reduce<32>(acc, {fn});")
+            w.lines.extend(inner.lines)
+            w("}")
+            em.body(w)
+        else:
+            w(f"const {em.ctype(out)} r{out.id} = {em.expr(op)};")
+    for o in step.stores:
+        j = em.outputs.index(o)
+        kind = em.plan.out_kind(o)
+        guard = "tid == 0" + ("" if T.N in kind else " && row == 0")
+        w(f"if ({guard}) out{j}[{_index(kind)}] = "
+          f"js_io<{STYPE[o.dtype]}>::put({em.ref(o)});")
+
+
+def _each(em: _Emitter, w: Writer, step: T.TileStep):
+    reds = [(op, *_reduce(op)) for op in step.ops]
+    for op, ct, fn, ident in reds:
+        w(f"{ct} acc{op.outputs[0].id} = {ident};")
+    w("for (int i = tid; i < TILE; i += BLOCK) {")
+    body = Writer(w.indent + 1)
+    em.body(body)
+    body("const int a = i / TB, b = i % TB;")
+    for op, ct, fn, ident in reds:
+        body(f"acc{op.outputs[0].id} = {fn}(acc{op.outputs[0].id}, ({ct})({em.ref(op.inputs[0])}));")
+    for o in step.stores:
+        em.store(body, em.outputs.index(o), o, em.ref(o))
+    w.lines.extend(body.lines)
+    w("}")
+    for op, ct, fn, ident in reds:
+        out = op.outputs[0]
+        w(f"acc{out.id} = js_group_reduce<32>(acc{out.id}, {fn});")
+        w(f"if (lane == 0) reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})[warp] = acc{out.id};")
+
+
+def _along_b(em: _Emitter, w: Writer, step: T.TileStep):
+    """For each a, a group of GROUP lanes reduces over b (shuffles inside the group)."""
+    reds = [(op, *_reduce(op)) for op in step.ops]
+    w("for (int a0 = 0; a0 < TA; a0 += BLOCK / GROUP) {  // the same trip count in every lane")
+    w("  const int a = a0 + tid / GROUP;")
+    for op, ct, fn, ident in reds:
+        w(f"  {ct} acc{op.outputs[0].id} = {ident};")
+    w("  if (a < TA) for (int b = tid % GROUP; b < TB; b += GROUP) {")
+    body = Writer(w.indent + 2)
+    em.body(body)
+    for op, ct, fn, ident in reds:
+        body(f"acc{op.outputs[0].id} = {fn}(acc{op.outputs[0].id}, ({ct})({em.ref(op.inputs[0])}));")
+    w.lines.extend(body.lines)
+    w("  }")
+    for op, ct, fn, ident in reds:
+        out = op.outputs[0]
+        w(f"  acc{out.id} = js_group_reduce<GROUP>(acc{out.id}, {fn});")
+    w("  if (a < TA && tid % GROUP == 0) {")
+    for op, ct, fn, ident in reds:
+        out = op.outputs[0]
+        w(f"    sm{out.id}[a] = acc{out.id};")
+        for j, o in em.stores_of(out.id):
+            w(f"    out{j}[{_index(em.plan.out_kind(o))}] = js_io<{STYPE[o.dtype]}>::put(acc{out.id});")
+    w("  }")
+    w("}")
+
+
+def _along_a(em: _Emitter, w: Writer, step: T.TileStep):
+    """For each b, SLICES consecutive-thread slices each reduce every SLICES-th a; partials per slice,
+    combined in MAP_B (in slice order)."""
+    reds = [(op, *_reduce(op)) for op in step.ops]
+    w("for (int t = tid; t < SLICES * TB; t += BLOCK) {")
+    w("  const int b = t % TB, s = t / TB;")
+    for op, ct, fn, ident in reds:
+        w(f"  {ct} acc{op.outputs[0].id} = {ident};")
+    w("  for (int a = s; a < TA; a += SLICES) {")
+    body = Writer(w.indent + 2)
+    em.body(body)
+    for op, ct, fn, ident in reds:
+        body(f"acc{op.outputs[0].id} = {fn}(acc{op.outputs[0].id}, ({ct})({em.ref(op.inputs[0])}));")
+    w.lines.extend(body.lines)
+    w("  }")
+    for op, ct, fn, ident in reds:
+        out = op.outputs[0]
+        w(f"  reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})[t] = acc{out.id};")
+    w("}")
+
+
+def _map(em: _Emitter, w: Writer, step: T.TileStep, axis: str):
+    var = _INDEX[axis]
+    w(f"for (int {var} = tid; {var} < {_SIZE[axis]}; {var} += BLOCK) {{")
+    body = Writer(w.indent + 1)
+    em.body(body)
+    for op in step.finish:  # ALONG_A partials, in warp order
+        out = op.outputs[0]
+        ct, fn, ident = _reduce(op)
+        part = f"reinterpret_cast<const {ct}*>(js_dyn + {em.plan.of(out).partial_offset})"
+        body(f"{ct} s{out.id} = {ident};")
+        body(f"for (int s = 0; s < SLICES; ++s) s{out.id} = {fn}(s{out.id}, {part}[s * TB + b]);")
+        body(f"sm{out.id}[b] = s{out.id};")
+        em.memo[out.id] = f"s{out.id}"  # for ops of this loop made from it (the array is read next epoch)
+        for j, o in em.stores_of(out.id):
+            em.store(body, j, o, f"s{out.id}")
+    for op in step.ops:
+        out = op.outputs[0]
+        x = em.inline(em.plan.of(out))
+        body(f"sm{out.id}[{var}] = {x};")
+        for j, o in em.stores_of(out.id):
+            em.store(body, j, o, x)
+    for o in step.stores:  # outputs along the axis that name an input, a register or a literal
+        em.store(body, em.outputs.index(o), o, em.ref(o))
+    w.lines.extend(body.lines)
+    w("}")
+
+
+def _staging(em: _Emitter, pro: Writer, top: Writer, end: Writer):
+    """Stashed inputs: the first tile's copies before the loop; in the loop, the next tile's copies
+    into the other stage buffer (asynchronous, or through registers stored at the tile's end), and
+    the current buffer's pointers."""
+    plan, m = em.plan, em.plan.mapping
+    stashed = [v for v in plan.region.inputs if plan.of(v).home == T.STASH]
+    pro("if (blockIdx.x < N_ROWS) {")
+    for v in stashed:
+        t, st, count = plan.of(v), STYPE[v.dtype], v.size // m.n_rows
+        src = f"in{em.inputs[v.id]} + (long long)blockIdx.x * {count}"
+        fn = "js_block_copy_async" if t.copy == T.ASYNC else "js_block_copy"
+        pro(f"  {fn}<{st}, {count}, BLOCK>({_stage(t, st, '0')}, {src});")
+    pro("}")
+    pro("js_stage_commit();")
+    for v in stashed:
+        t, st, count = plan.of(v), STYPE[v.dtype], v.size // m.n_rows
+        src, nxt = f"in{em.inputs[v.id]}", _stage(t, st, "js_buf ^ 1")
+        if t.copy == T.ASYNC:
+            top(f"if (js_more) js_block_copy_async<{st}, {count}, BLOCK>({nxt}, {src} + js_next * {count});")
+        elif t.copy == T.SYNC:
+            top(f"if (row != blockIdx.x) js_block_copy<{st}, {count}, BLOCK>({_stage(t, st, 'js_buf')}, {src} + row * {count});")
+        else:
+            k = -(-count // m.block)
+            top(f"{st} pf{v.id}[{k}];")
+            top(f"for (int k = 0; k < {k}; ++k) if (js_more && tid + k * BLOCK < {count}) "
+                f"pf{v.id}[k] = {src}[js_next * {count} + tid + k * BLOCK];")
+            end(f"for (int k = 0; k < {k}; ++k) if (js_more && tid + k * BLOCK < {count}) "
+                f"{nxt}[tid + k * BLOCK] = pf{v.id}[k];")
+    top("js_stage_commit();")
+    return [f"const {STYPE[v.dtype]}* sm{v.id} = {_stage(plan.of(v), STYPE[v.dtype], 'js_buf')};" for v in stashed]
+
+
+def _stage(t: T.TileValue, st: str, buf: str) -> str:
+    return f"reinterpret_cast<{st}*>(js_dyn + {t.offset} + ({buf}) * STAGE)"
+
+
+def render(plan: T.TilePlan):
+    from .codegen import Source
+
+    em = _Emitter(plan)
+    region, m = plan.region, plan.mapping
+    params = [f"const {STYPE[v.dtype]}* __restrict__ in{i}" for i, v in enumerate(region.inputs)]
+    params += [f"{STYPE[v.dtype]}* __restrict__ out{j}" for j, v in enumerate(region.outputs)]
+    arrays = Writer(1)
+    for t in plan.values:
+        if t.home == T.ARRAY:
+            ct = em.ctype(t.value)
+            arrays(f"{ct}* sm{t.value.id} = reinterpret_cast<{ct}*>(js_dyn + {t.offset});")
+    pro, top, end, body = Writer(1), Writer(2), Writer(2), Writer(2)
+    for line in _staging(em, pro, top, end):
+        body(line)
+    last = max(s.epoch for s in plan.steps)
+    for epoch in range(last + 1):
+        em.epoch = epoch
+        body(f"// epoch {epoch}")
+        for s in (s for s in plan.steps if s.epoch == epoch):
+            w = Writer(body.indent + 1)
+            em.body(w)
+            if s.loop == T.ROW_STEP:
+                _row_step(em, body, s)
+                continue
+            elif s.loop == T.EACH:
+                _each(em, w, s)
+            elif s.loop == T.ALONG_B:
+                _along_b(em, w, s)
+            elif s.loop == T.ALONG_A:
+                _along_a(em, w, s)
+            else:
+                _map(em, w, s, T.A if s.loop == T.MAP_A else T.B)
+            body("{")
+            body.lines.extend(w.lines)
+            body("}")
+        if epoch < last:
+            body("__syncthreads();")
+    summary = f"{len(region.ops)} ops, {m.n_rows} tiles of {m.tile_a}x{m.tile_b}, {plan.description}"
+    code = string.Template(template("tile_kernel.cu")).substitute(
+        summary=summary, common=template("stitch_common.cuh"), n_rows=m.n_rows, ta=m.tile_a, tb=m.tile_b,
+        block=m.block, group=m.group, slices=T.slices(m.block, m.tile_b), stage=m.stage_bytes, min_blocks=m.min_blocks, name=KERNEL_NAME,
+        params=", ".join(params), arrays=arrays.text(), prologue=pro.text(), loop_top=top.text(),
+        body=body.text(), loop_end=end.text())
+    return Source(code, KERNEL_NAME, tuple(params))

@@ -1,0 +1,465 @@
+"""The tile scheme: batches of small matrices, reduced along both of their axes in one kernel.
+
+A row-space kernel (layout.py) needs every row reduction over the same columns. DIEN's attention
+over a user's behaviour sequence works on a [B, A, K] batch (A = 50 steps, K = 36 features) and
+reduces over K (scores), then over A (softmax, the weighted sum of the steps), and its backward pass
+does both again: XLA runs it as several small kernels at 9-16% of the HBM roofline. Here each block
+takes one batch element, an A x K *tile*: inputs spanning the whole tile are copied to shared memory
+once, values along one axis of the tile live in shared-memory arrays, and each reduction is a loop of
+the block's threads over the tile, ordered so that every sum is deterministic.
+
+Planning labels every dimension of every value with the tile axis it runs along ("n": the batch
+rows, "a", "b": the tile's two axes), then schedules the ops into *epochs* separated by block
+barriers: a value written to shared memory in one epoch is read in the next.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from .. import ir, ops as opdefs
+from ..partition import Region
+from ..targets import Target
+from .cost import XLA_EFFICIENCY, Estimate
+from .layout import Unplannable
+
+N, A, B = "n", "a", "b"
+FULL, ROW = "ab", ""  # domains: what a value varies over inside one batch element's tile
+
+# Where a value is read from. STASH: an input of the tile's batch element, in shared memory (copied
+# while the block works on the tile before: two stage buffers); GLOBAL: an input the same for every
+# batch element, read in place (cached); INLINE: recomputed where it is used; ARRAY: a shared-memory
+# array along one tile axis (materialized values and reduction results); REG: one register per
+# thread (row scalars, the same in every thread).
+STASH, GLOBAL, INLINE, ARRAY, REG = "stash", "global", "inline", "array", "reg"
+
+# How a stashed input is copied ahead: ASYNC, cp.async in 16-byte pieces (its bytes a multiple of 16);
+# REGS, each thread loads a few elements into registers and stores them to shared memory at the
+# tile's end; SYNC, copied when its tile starts (no overlap: large and unaligned).
+ASYNC, REGS, SYNC = "async", "regs", "sync"
+MAX_REGS_PER_THREAD = 4
+
+# Loops of one epoch. EACH walks the tile element by element (full-size
+# outputs, whole-tile reductions); ALONG_B reduces over b for each a (groups of lanes per a);
+# ALONG_A reduces over a for each b (lanes over b, warps over a, per-warp partials); MAP_A / MAP_B
+# walk one axis (materialize values, finish ALONG_A partials, store outputs).
+# ROW_STEP is straight-line code at row scope: row scalars, in every thread (first in its epoch).
+EACH, ALONG_B, ALONG_A, MAP_A, MAP_B = "each", "along_b", "along_a", "map_a", "map_b"
+ROW_STEP = "row"
+
+NOT_A_TILE = "no batch of tiles"
+MAX_TILE_SMEM = 64 * 1024
+# Fraction of copy bandwidth a tile kernel reaches: DIEN attention fwd+bwd, [16384, 50, 36], H100:
+# 70% float32, 37% bfloat16 (bound by instruction issue, not memory: both take ~110-117 us).
+TILE_EFFICIENCY = 0.6
+# XLA's kernels that reduce small tiles along their first (middle) axis reach about a third of the
+# bandwidth: DIEN's attention fwd+bwd, 6 kernels, 378 us on an H100 (359 us on an H200) where this
+# model's passes move 354 MB (31% of the H100's bandwidth). Passes without such a reduction are
+# row reductions XLA runs well (cost.XLA_EFFICIENCY).
+XLA_MIDDLE_AXIS_EFFICIENCY = 0.35
+
+
+@dataclasses.dataclass(frozen=True)
+class TileValue:
+    value: ir.Value
+    kind: str            # the axes it spans, in order: "nab", "na", "b", "" ...
+    home: str            # STASH, GLOBAL, INLINE, ARRAY or REG
+    epoch: int           # first epoch it can be read inline / in registers (-1: never)
+    array_epoch: int = -1  # first epoch its shared-memory array can be read (-1: none)
+    offset: int = -1     # bytes into dynamic shared memory (stash or array); partials of reductions
+    partial_offset: int = -1
+    iota_axis: str = ""  # for iota values: the tile axis their dimension runs along
+    copy: str = ""       # stashed inputs: ASYNC, REGS or SYNC
+
+    @property
+    def domain(self) -> str:
+        return self.kind.replace(N, "")
+
+
+@dataclasses.dataclass(frozen=True)
+class TileStep:
+    """One loop (or a row-level statement group) of one epoch."""
+
+    epoch: int
+    loop: str                       # EACH, ALONG_B, ALONG_A, MAP_A, MAP_B or ROW_STEP
+    ops: tuple[ir.Op, ...] = ()     # ops computed here (reductions folded, values materialized)
+    finish: tuple[ir.Op, ...] = ()  # ALONG_A reductions whose partials this MAP_B combines
+    stores: tuple[ir.Value, ...] = ()  # region outputs stored here
+
+
+@dataclasses.dataclass(frozen=True)
+class TileMapping:
+    """The launch shape (the names the launcher and report read, as Mapping has them)."""
+
+    n_rows: int
+    tile_a: int
+    tile_b: int
+    block: int
+    grid: int
+    smem_bytes: int
+    min_blocks: int
+    group: int                # lanes per a in ALONG_B loops (see lanes_per_a)
+    stage_bytes: int = 0      # one stage buffer of stashed inputs (two of them lead the shared memory)
+    cooperative: bool = False
+    stages: int = 2
+
+    @property
+    def n_cols(self) -> int:
+        return self.tile_a * self.tile_b
+
+    @property
+    def name(self) -> str:
+        return f"block per {self.tile_a}x{self.tile_b} tile, {self.block} threads"
+
+
+@dataclasses.dataclass(frozen=True)
+class TilePlan:
+    region: Region
+    values: tuple[TileValue, ...]
+    steps: tuple[TileStep, ...]
+    mapping: TileMapping
+    alias: tuple[tuple[int, int], ...]   # layout op outputs -> the value they name
+    epochs: int
+    out_kinds: tuple[tuple[int, str], ...] = ()  # each region output's kind (outputs may be aliases)
+    workspace_bytes: int = 0
+    fast_exp: bool = False
+    scheme: str = "regional"
+
+    def __post_init__(self):
+        object.__setattr__(self, "_by_id", {t.value.id: t for t in self.values})
+        object.__setattr__(self, "_alias", dict(self.alias))
+
+    def out_kind(self, v: ir.Value) -> str:
+        return dict(self.out_kinds)[v.id]
+
+    def of(self, v: ir.Value) -> TileValue:
+        return self._by_id[self.root(v.id)] if self.root(v.id) in self._by_id else self._by_id[v.id]
+
+    def root(self, vid: int) -> int:
+        while vid in self._alias:
+            vid = self._alias[vid]
+        return vid
+
+    @property
+    def description(self) -> str:
+        return self.mapping.name + f", {self.epochs + 1} epochs" + (", fast exp" if self.fast_exp else "")
+
+
+# ---- labelling -------------------------------------------------------------------------------------
+
+def _tile_shape(region: Region) -> tuple[int, ...]:
+    big = max([o for op in region.ops for o in op.outputs] + list(region.inputs), key=lambda v: v.size)
+    shape = tuple(d for d in big.shape if d != 1)
+    if len(shape) < 3:
+        raise Unplannable(f"{NOT_A_TILE}: the largest value {big.shape} has fewer than 3 axes")
+    return shape
+
+
+def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, list]]:
+    """The tile shape (batch dims..., A, B), each value's kind ("nab", "na", "b", ...) and each of its
+    dimensions' label ("n0".., "a", "b", or "1" for a unit dimension)."""
+    shape = _tile_shape(region)
+    names = [f"n{i}" for i in range(len(shape) - 2)] + [A, B]
+    labels: dict[int, list] = {}
+    values = {v.id: v for v in region.inputs}
+    values.update({o.id: o for op in region.ops for o in op.outputs})
+    for v in values.values():
+        labels[v.id] = [("1" if d == 1 else None) for d in v.shape]
+        if tuple(d for d in v.shape if d != 1) == shape:
+            it = iter(names)
+            labels[v.id] = ["1" if d == 1 else next(it) for d in v.shape]
+
+    def unify(x, i, y, j) -> bool:
+        lx, ly = labels[x.id][i], labels[y.id][j]
+        if lx == ly:
+            return False
+        if lx is not None and ly is not None:
+            raise Unplannable(f"an axis of {x.shape} meets an axis of {y.shape} along different tile axes")
+        if lx is None:
+            labels[x.id][i] = ly
+        else:
+            labels[y.id][j] = lx
+        return True
+
+    for _ in range(2 * len(region.ops) + 2):
+        changed = False
+        for op in region.ops:
+            out = op.outputs[0]
+            ins = [a for a in op.inputs if isinstance(a, ir.Value)]
+            if op.prim in opdefs.ELEMENTWISE:
+                for a in ins:
+                    if len(a.shape) == len(out.shape):
+                        for i, (da, do) in enumerate(zip(a.shape, out.shape)):
+                            if da == do != 1:
+                                changed |= unify(a, i, out, i)
+                    elif a.shape:
+                        raise Unplannable(f"{op.prim} of operands of different ranks")
+            elif op.prim == "broadcast_in_dim" and ins:
+                for i, d in enumerate(op.param("broadcast_dimensions")):
+                    if ins[0].shape[i] != 1:
+                        changed |= unify(ins[0], i, out, d)
+            elif opdefs.is_layout(op) and ins:
+                src = [i for i, d in enumerate(ins[0].shape) if d != 1]
+                dst = [i for i, d in enumerate(out.shape) if d != 1]
+                if [ins[0].shape[i] for i in src] != [out.shape[i] for i in dst]:
+                    raise Unplannable(f"{op.prim} {ins[0].shape} -> {out.shape} moves data across tile axes")
+                for i, j in zip(src, dst):
+                    changed |= unify(ins[0], i, out, j)
+            elif op.prim in opdefs.REDUCTIONS:
+                axes = set(op.param("axes"))
+                kept = [i for i in range(len(ins[0].shape)) if i not in axes]
+                for j, i in enumerate(kept):
+                    changed |= unify(ins[0], i, out, j)
+        if not changed:
+            break
+    sizes = dict(zip(names, shape))
+    for vid, ls in labels.items():  # an axis no op ties to the tile (a broadcast not yet used): by size
+        for i, x in enumerate(ls):
+            if x is None:
+                fit = [name for name in names if sizes[name] == values[vid].shape[i]]
+                if len(fit) == 1:
+                    ls[i] = fit[0]
+    kinds = {}
+    order = {name: i for i, name in enumerate(names)}
+    for vid, ls in labels.items():
+        real = [x for x in ls if x != "1"]
+        if None in real:
+            raise Unplannable(f"a value of shape {values[vid].shape} has an axis of no tile axis")
+        pos = [order[x] for x in real]
+        if pos != sorted(pos) or len(set(pos)) != len(pos):
+            raise Unplannable(f"a value of shape {values[vid].shape} is transposed against the tile")
+        batch = [x for x in real if x.startswith("n")]
+        if batch and len(batch) != len(names) - 2:
+            raise Unplannable(f"a value of shape {values[vid].shape} spans part of the batch axes")
+        kinds[vid] = (N if batch else "") + "".join(x for x in real if not x.startswith("n"))
+    return shape, kinds, labels
+
+
+def _iota_axis(op: ir.Op, labels: dict[int, list]) -> str:
+    if op.prim != "iota":
+        return ""
+    axis = labels[op.outputs[0].id][op.param("dimension")]
+    if axis not in (A, B):
+        raise Unplannable("iota along the batch axes in a tile")
+    return axis
+
+
+# ---- scheduling --------------------------------------------------------------------------------------
+
+def _reduced_axes(op: ir.Op, kinds: dict[int, str]) -> str:
+    src, out = kinds[op.inputs[0].id], kinds[op.outputs[0].id]
+    return "".join(x for x in src if x not in out)
+
+
+def plan_tile(region: Region, target: Target, tuning=None, fast_exp: bool = False) -> TilePlan:
+    shape, kinds, labels = label(region)
+    n_rows, ta, tb = math.prod(shape[:-2]), shape[-2], shape[-1]
+    alias = {}
+    for op in region.ops:
+        if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Value):
+            alias[op.outputs[0].id] = op.inputs[0].id
+
+    def root(vid):
+        while vid in alias:
+            vid = alias[vid]
+        return vid
+
+    def dom(vid):
+        return kinds[vid].replace(N, "")
+
+    compute = [op for op in region.ops if not opdefs.is_layout(op)]
+    for op in compute:
+        if op.prim in opdefs.REDUCTIONS:
+            if op.prim in ("argmax", "argmin"):
+                raise Unplannable(f"{op.prim} in a tile")
+            if N in _reduced_axes(op, kinds):
+                raise Unplannable(f"{op.prim} over the batch axes (a column reduction) in a tile")
+    # Which values a full-tile consumer reads: materialized along their axis when not full themselves.
+    outputs = {v.id for v in region.outputs}
+    full_readers: set[int] = set()
+    for op in compute:
+        d = dom(op.inputs[0].id) if op.prim in opdefs.REDUCTIONS else dom(op.outputs[0].id)
+        if d == FULL:
+            full_readers.update(root(a.id) for a in op.inputs if isinstance(a, ir.Value))
+    for v in region.outputs:
+        if dom(v.id) == FULL:
+            full_readers.add(root(v.id))
+
+    block = _block(ta * tb, tuning)
+    stage = 0
+    tv: dict[int, TileValue] = {}
+    for v in region.inputs:
+        if N in kinds[v.id]:
+            count = v.size // n_rows
+            copy = (ASYNC if count * v.itemsize % 16 == 0 else
+                    REGS if count <= MAX_REGS_PER_THREAD * block else SYNC)
+            tv[v.id] = TileValue(v, kinds[v.id], STASH, 0, 0, stage, copy=copy)
+            stage += _pad(count * v.itemsize)
+        else:
+            tv[v.id] = TileValue(v, kinds[v.id], GLOBAL, 0)
+    smem = 2 * stage
+
+    def need(a, consumer_domain: str) -> int:
+        t = tv.get(root(a.id))
+        if t is None:  # a broadcast literal
+            return 0
+        if consumer_domain == FULL and t.domain != FULL and t.array_epoch >= 0:
+            return t.array_epoch
+        if t.home == STASH:
+            return 0
+        if t.home == ARRAY and t.epoch < 0:
+            return t.array_epoch
+        return t.epoch
+
+    def finished_in(a) -> int:
+        """`need` for an op of the MAP_B loop that combines ALONG_A partials: their sum is a local
+        there, one epoch before its array can be read."""
+        t = tv.get(root(a.id))
+        if t is not None and t.home == ARRAY and t.epoch < 0 and t.value.id in partials:
+            return t.array_epoch - 1
+        return need(a, B)
+
+    steps: dict[tuple[int, str], dict] = {}
+
+    def step(epoch, loop):
+        return steps.setdefault((epoch, loop), {"ops": [], "finish": [], "stores": []})
+
+    partials = []  # reductions finished from per-warp partials (their slots are laid out last)
+    # Values along a or b that take a few instructions from inputs and registers: recomputed where
+    # used, even in tile-wide loops, rather than materialized (a shared array costs a barrier).
+    cheap: set[int] = set()
+    for op in compute:
+        out = op.outputs[0]
+        is_red = op.prim in opdefs.REDUCTIONS
+        cdom = dom(op.inputs[0].id) if is_red else dom(out.id)
+        e = max([need(a, cdom) for a in op.inputs if isinstance(a, ir.Value)] + [0])
+        d = dom(out.id)
+        if not is_red:
+            axis = _iota_axis(op, labels)
+            srcs = [tv.get(root(a.id)) for a in op.inputs if isinstance(a, ir.Value)]
+            if op.prim not in opdefs.EXPENSIVE and all(
+                    t is None or t.home in (STASH, GLOBAL, REG) or t.value.id in cheap for t in srcs):
+                cheap.add(out.id)
+            if d in (A, B) and (out.id in outputs or out.id in full_readers and out.id not in cheap):
+                if d == B:  # in the MAP_B loop that combines a reduction's partials, after it
+                    e = max([finished_in(a) for a in op.inputs if isinstance(a, ir.Value)] + [0])
+                tv[out.id] = TileValue(out, kinds[out.id], ARRAY, e, e + 1, smem, iota_axis=axis)
+                smem += _pad(4 * (ta if d == A else tb))
+                step(e, MAP_A if d == A else MAP_B)["ops"].append(op)
+            elif d == ROW:
+                tv[out.id] = TileValue(out, kinds[out.id], REG, e, iota_axis=axis)
+                step(e, ROW_STEP)["ops"].append(op)
+            else:
+                tv[out.id] = TileValue(out, kinds[out.id], INLINE, e, iota_axis=axis)
+            continue
+        reduced = _reduced_axes(op, kinds)
+        src = dom(op.inputs[0].id)
+        if src == FULL and d == A:          # over b, for each a
+            tv[out.id] = TileValue(out, kinds[out.id], ARRAY, -1, e + 1, smem)
+            smem += _pad(4 * ta)
+            step(e, ALONG_B)["ops"].append(op)
+        elif src == FULL and d == B:        # over a, for each b: partials, then combined
+            tv[out.id] = TileValue(out, kinds[out.id], ARRAY, -1, e + 2, smem)
+            smem += _pad(4 * tb)
+            partials.append(out.id)
+            step(e, ALONG_A)["ops"].append(op)
+            step(e + 1, MAP_B)["finish"].append(op)
+        elif src == FULL:                   # over the whole tile: per-warp partials
+            tv[out.id] = TileValue(out, kinds[out.id], REG, e + 1)
+            partials.append(out.id)
+            step(e, EACH)["ops"].append(op)
+            step(e + 1, ROW_STEP)["finish"].append(op)
+        elif src in (A, B) and d == ROW:    # every warp reduces the axis itself: no barrier
+            tv[out.id] = TileValue(out, kinds[out.id], REG, e)
+            step(e, ROW_STEP)["ops"].append(op)
+        else:
+            raise Unplannable(f"{op.prim} over {reduced} of a value along {src or 'no axis'}")
+        if reduced and not set(reduced) <= {A, B}:
+            raise Unplannable(f"{op.prim} over {reduced}")
+
+    for v in region.outputs:
+        d, t = dom(v.id), tv.get(root(v.id))
+        if d in (A, B) and t is not None and t.home == ARRAY and t.domain == d:
+            continue  # stored where its array is written
+        loop = {FULL: EACH, A: MAP_A, B: MAP_B, ROW: ROW_STEP}[d]
+        step(max(need(v, d), 0), loop)["stores"].append(v)
+
+    nwarps = block // 32
+    for vid in partials:
+        t = tv[vid]
+        n = slices(block, tb) * tb if t.domain == B else nwarps
+        tv[vid] = dataclasses.replace(t, partial_offset=smem)
+        smem += _pad(4 * n)
+    if smem > MAX_TILE_SMEM:
+        raise Unplannable(f"a {ta}x{tb} tile needs {smem} bytes of shared memory (at most {MAX_TILE_SMEM})")
+    group = lanes_per_a(block, ta, tb)
+    per_sm = max(1, min(target.max_threads_per_sm // block,
+                        target.smem_per_sm // (smem + 1024 + 1024)))
+    min_threads = getattr(tuning, "min_threads", 768)
+    min_blocks = max(1, min(per_sm, min_threads // block))
+    grid = min(n_rows, target.sm_count * per_sm)  # one wave; compile_region sizes it off the cubin
+    mapping = TileMapping(n_rows, ta, tb, block, grid, smem, min_blocks, group, stage)
+    ordered = []
+    loop_order = [ROW_STEP, EACH, ALONG_B, ALONG_A, MAP_A, MAP_B]
+    for (e, loop) in sorted(steps, key=lambda k: (k[0], loop_order.index(k[1]))):
+        s = steps[(e, loop)]
+        ordered.append(TileStep(e, loop, tuple(s["ops"]), tuple(s["finish"]), tuple(s["stores"])))
+    epochs = max([s.epoch for s in ordered] + [0])
+    return TilePlan(region, tuple(tv[v] for v in tv), tuple(ordered), mapping, tuple(alias.items()),
+                    epochs, tuple((v.id, kinds[v.id]) for v in region.outputs), fast_exp=fast_exp)
+
+
+def one_wave(mapping: TileMapping, registers: int, target: Target) -> TileMapping:
+    """The grid as the blocks resident at once, from the compiled kernel's registers per thread
+    (allocated per warp in units of 256), its shared memory and block size: each block walks its
+    tiles with the next one's inputs in flight."""
+    warps = mapping.block // 32
+    per_warp = -(-registers * 32 // 256) * 256
+    per_sm = min(target.max_threads_per_sm // mapping.block,
+                 target.regs_per_sm // (warps * per_warp) if registers else 32,
+                 target.smem_per_sm // (mapping.smem_bytes + 1024))
+    return dataclasses.replace(mapping, grid=max(1, min(mapping.n_rows, per_sm * target.sm_count)))
+
+
+def lanes_per_a(block: int, ta: int, tb: int) -> int:
+    """ALONG_B loops give each a a group of lanes (a power of two, at most a warp) that walk its b
+    and combine by shuffles: as few as let every a have a group at once, so that each lane sums
+    many b (a lane's loads and adds, not shuffles, do the work)."""
+    group = 1
+    while group < 32 and ta * group * 2 <= block and group < tb:
+        group *= 2
+    return group
+
+
+def slices(block: int, tb: int) -> int:
+    """ALONG_A loops give each b `slices` threads (consecutive threads, consecutive b), each summing
+    every slices-th a; their partials are combined in slice order."""
+    return max(1, block // tb)
+
+
+def _pad(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def _block(tile: int, tuning) -> int:
+    cap = getattr(tuning, "max_tpr", 1024) or 1024
+    block = 128  # measured on DIEN's 50x36 (H100): 1.16x faster than 256
+    return max(64, min(block, cap))
+
+
+def estimate(plan: TilePlan, target: Target) -> Estimate:
+    """Ours: each input and output moves once. XLA's: one kernel per pass over the tile-wide inputs
+    (a reduction of them whose result comes back to the tile starts another pass), plus one for the
+    small reductions between passes (a softmax along a), each pass re-reading the tile."""
+    bw = target.bandwidth_gbs * 1e3
+    region = plan.region
+    must_move = sum(v.nbytes for v in region.inputs) + sum(v.nbytes for v in region.outputs)
+    ours = must_move / (bw * TILE_EFFICIENCY) + target.launch_us
+    passes = len({s.epoch for s in plan.steps if s.loop in (EACH, ALONG_A, ALONG_B) and (s.ops or s.stores)})
+    small = any(op.prim in opdefs.REDUCTIONS for s in plan.steps if s.loop == ROW_STEP for op in s.ops)
+    kernels = max(1, passes) + (1 if passes > 1 and small else 0)
+    full_in = sum(v.nbytes for v in region.inputs if plan.of(v).domain == FULL)
+    xla_bytes = must_move + max(0, passes - 1) * full_in
+    middle = any(s.loop == ALONG_A and s.ops for s in plan.steps)
+    xla = xla_bytes / (bw * (XLA_MIDDLE_AXIS_EFFICIENCY if middle else XLA_EFFICIENCY)) + kernels * target.launch_us
+    return Estimate(must_move, ours, kernels, xla_bytes, xla)
