@@ -171,30 +171,37 @@ def _each(em: _Emitter, w: Writer, step: T.TileStep):
         w(f"if (lane == 0) reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})[warp] = acc{out.id};")
 
 
-def _along_b(em: _Emitter, w: Writer, step: T.TileStep):
-    """For each a, a group of GROUP lanes reduces over b (shuffles inside the group)."""
-    reds = [(op, *_reduce(op)) for op in step.ops]
-    w("for (int a0 = 0; a0 < TA; a0 += BLOCK / GROUP) {  // the same trip count in every lane")
-    w("  const int a = a0 + tid / GROUP;")
+def _fold(em: _Emitter, w: Writer, reds, loop_head: str):
+    """The reductions' accumulators set to their identities, then folded over `loop_head`'s
+    iterations (inline values computed again in each)."""
     for op, ct, fn, ident in reds:
-        w(f"  {ct} acc{op.outputs[0].id} = {ident};")
-    w("  if (a < TA) for (int b = tid % GROUP; b < TB; b += GROUP) {")
-    body = Writer(w.indent + 2)
+        w(f"{ct} acc{op.outputs[0].id} = {ident};")
+    w(loop_head + " {")
+    body = Writer(w.indent + 1)
     em.body(body)
     for op, ct, fn, ident in reds:
         body(f"acc{op.outputs[0].id} = {fn}(acc{op.outputs[0].id}, ({ct})({em.ref(op.inputs[0])}));")
     w.lines.extend(body.lines)
-    w("  }")
+    w("}")
+
+
+def _along_b(em: _Emitter, w: Writer, step: T.TileStep):
+    """For each a, a group of GROUP lanes reduces over b (shuffles inside the group)."""
+    reds = [(op, *_reduce(op)) for op in step.ops]
+    w("for (int a0 = 0; a0 < TA; a0 += BLOCK / GROUP) {  // the same trip count in every lane")
+    inner = Writer(w.indent + 1)
+    inner("const int a = a0 + tid / GROUP;")
+    _fold(em, inner, reds, "if (a < TA) for (int b = tid % GROUP; b < TB; b += GROUP)")
+    for op, ct, fn, ident in reds:
+        inner(f"acc{op.outputs[0].id} = js_group_reduce<GROUP>(acc{op.outputs[0].id}, {fn});")
+    inner("if (a < TA && tid % GROUP == 0) {")
     for op, ct, fn, ident in reds:
         out = op.outputs[0]
-        w(f"  acc{out.id} = js_group_reduce<GROUP>(acc{out.id}, {fn});")
-    w("  if (a < TA && tid % GROUP == 0) {")
-    for op, ct, fn, ident in reds:
-        out = op.outputs[0]
-        w(f"    sm{out.id}[a] = acc{out.id};")
+        inner(f"  sm{out.id}[a] = acc{out.id};")
         for j, o in em.stores_of(out.id):
-            w(f"    out{j}[{_index(em.plan.out_kind(o))}] = js_io<{STYPE[o.dtype]}>::put(acc{out.id});")
-    w("  }")
+            inner(f"  out{j}[{_index(em.plan.out_kind(o))}] = js_io<{STYPE[o.dtype]}>::put(acc{out.id});")
+    inner("}")
+    w.lines.extend(inner.lines)
     w("}")
 
 
@@ -203,19 +210,13 @@ def _along_a(em: _Emitter, w: Writer, step: T.TileStep):
     combined in MAP_B (in slice order)."""
     reds = [(op, *_reduce(op)) for op in step.ops]
     w("for (int t = tid; t < SLICES * TB; t += BLOCK) {")
-    w("  const int b = t % TB, s = t / TB;")
-    for op, ct, fn, ident in reds:
-        w(f"  {ct} acc{op.outputs[0].id} = {ident};")
-    w("  for (int a = s; a < TA; a += SLICES) {")
-    body = Writer(w.indent + 2)
-    em.body(body)
-    for op, ct, fn, ident in reds:
-        body(f"acc{op.outputs[0].id} = {fn}(acc{op.outputs[0].id}, ({ct})({em.ref(op.inputs[0])}));")
-    w.lines.extend(body.lines)
-    w("  }")
+    inner = Writer(w.indent + 1)
+    inner("const int b = t % TB, s = t / TB;")
+    _fold(em, inner, reds, "for (int a = s; a < TA; a += SLICES)")
     for op, ct, fn, ident in reds:
         out = op.outputs[0]
-        w(f"  reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})[t] = acc{out.id};")
+        inner(f"reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})[t] = acc{out.id};")
+    w.lines.extend(inner.lines)
     w("}")
 
 
@@ -224,7 +225,7 @@ def _map(em: _Emitter, w: Writer, step: T.TileStep, axis: str):
     w(f"for (int {var} = tid; {var} < {_SIZE[axis]}; {var} += BLOCK) {{")
     body = Writer(w.indent + 1)
     em.body(body)
-    for op in step.finish:  # ALONG_A partials, in warp order
+    for op in step.finish:  # ALONG_A partials, in slice order
         out = op.outputs[0]
         ct, fn, ident = _reduce(op)
         part = f"reinterpret_cast<const {ct}*>(js_dyn + {em.plan.of(out).partial_offset})"

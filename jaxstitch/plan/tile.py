@@ -22,6 +22,7 @@ from ..partition import Region
 from ..targets import Target
 from .cost import XLA_EFFICIENCY, Estimate
 from .layout import Unplannable
+from .mapping import SMEM_PER_BLOCK_SYSTEM, Tuning
 
 N, A, B = "n", "a", "b"
 FULL, ROW = "ab", ""  # domains: what a value varies over inside one batch element's tile
@@ -49,6 +50,9 @@ ROW_STEP = "row"
 
 NOT_A_TILE = "no batch of tiles"
 MAX_TILE_SMEM = 64 * 1024
+# Threads per block. DIEN's 50x36 tiles on an H100: 128 was 1.16x faster than 256 (more tiles in
+# flight); 64 was 1.20x faster in bfloat16 but 0.92x in float32 (docs/perf_notes.md, session 7).
+TILE_BLOCK = 128
 # Fraction of copy bandwidth a tile kernel reaches: DIEN attention fwd+bwd, [16384, 50, 36], H100:
 # 70% float32, 37% bfloat16 (bound by instruction issue, not memory: both take ~110-117 us).
 TILE_EFFICIENCY = 0.6
@@ -251,7 +255,7 @@ def _reduced_axes(op: ir.Op, kinds: dict[int, str]) -> str:
     return "".join(x for x in src if x not in out)
 
 
-def plan_tile(region: Region, target: Target, tuning=None, fast_exp: bool = False) -> TilePlan:
+def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_exp: bool = False) -> TilePlan:
     shape, kinds, labels = label(region)
     n_rows, ta, tb = math.prod(shape[:-2]), shape[-2], shape[-1]
     alias = {}
@@ -285,7 +289,7 @@ def plan_tile(region: Region, target: Target, tuning=None, fast_exp: bool = Fals
         if dom(v.id) == FULL:
             full_readers.add(root(v.id))
 
-    block = _block(ta * tb, tuning)
+    block = _block(tuning)
     stage = 0
     tv: dict[int, TileValue] = {}
     for v in region.inputs:
@@ -374,8 +378,6 @@ def plan_tile(region: Region, target: Target, tuning=None, fast_exp: bool = Fals
             step(e, ROW_STEP)["ops"].append(op)
         else:
             raise Unplannable(f"{op.prim} over {reduced} of a value along {src or 'no axis'}")
-        if reduced and not set(reduced) <= {A, B}:
-            raise Unplannable(f"{op.prim} over {reduced}")
 
     for v in region.outputs:
         d, t = dom(v.id), tv.get(root(v.id))
@@ -394,9 +396,8 @@ def plan_tile(region: Region, target: Target, tuning=None, fast_exp: bool = Fals
         raise Unplannable(f"a {ta}x{tb} tile needs {smem} bytes of shared memory (at most {MAX_TILE_SMEM})")
     group = lanes_per_a(block, ta, tb)
     per_sm = max(1, min(target.max_threads_per_sm // block,
-                        target.smem_per_sm // (smem + 1024 + 1024)))
-    min_threads = getattr(tuning, "min_threads", 768)
-    min_blocks = max(1, min(per_sm, min_threads // block))
+                        target.smem_per_sm // (smem + SMEM_PER_BLOCK_SYSTEM)))
+    min_blocks = max(1, min(per_sm, tuning.min_threads // block))
     grid = min(n_rows, target.sm_count * per_sm)  # one wave; compile_region sizes it off the cubin
     mapping = TileMapping(n_rows, ta, tb, block, grid, smem, min_blocks, group, stage)
     ordered = []
@@ -417,7 +418,7 @@ def one_wave(mapping: TileMapping, registers: int, target: Target) -> TileMappin
     per_warp = -(-registers * 32 // 256) * 256
     per_sm = min(target.max_threads_per_sm // mapping.block,
                  target.regs_per_sm // (warps * per_warp) if registers else 32,
-                 target.smem_per_sm // (mapping.smem_bytes + 1024))
+                 target.smem_per_sm // (mapping.smem_bytes + SMEM_PER_BLOCK_SYSTEM))
     return dataclasses.replace(mapping, grid=max(1, min(mapping.n_rows, per_sm * target.sm_count)))
 
 
@@ -441,10 +442,8 @@ def _pad(n: int) -> int:
     return -(-n // 16) * 16
 
 
-def _block(tile: int, tuning) -> int:
-    cap = getattr(tuning, "max_tpr", 1024) or 1024
-    block = 128  # measured on DIEN's 50x36 (H100): 1.16x faster than 256
-    return max(64, min(block, cap))
+def _block(tuning: Tuning) -> int:
+    return max(64, min(TILE_BLOCK, tuning.max_tpr))
 
 
 def estimate(plan: TilePlan, target: Target) -> Estimate:
