@@ -44,8 +44,6 @@ def unsupported_reason(op: ir.Op) -> str | None:
         return f"{prim} has an empty output"
     if prim == "reshape" and op.param("dimensions") is not None:
         return "reshape with a dimension permutation moves data"
-    if prim in REDUCTIONS and reduce_kind(op) == "other" and prim in ("argmax", "argmin"):
-        return f"{prim} over axes {op.param('axes')} is neither a row nor a column reduction"
     if prim in ("argmax", "argmin") and reduce_kind(op) != "row":
         return f"{prim} is stitched only along the last axes"
     return None
