@@ -346,18 +346,11 @@ __device__ __forceinline__ void js_grid_sync(unsigned int* counter, unsigned int
 // The epilogue's one barrier, on the workspace's first counter (split rows use the second).
 __device__ __forceinline__ void js_grid_barrier(unsigned int* bar) { js_grid_sync(bar, gridDim.x); }
 
-// Copy COUNT elements from global to shared memory with the block's BLOCK threads: 16-byte
-// vectors when COUNT elements are a whole number of them (both ends are then 16-byte aligned).
+// Copy COUNT elements from global to shared memory with the block's BLOCK threads, element by
+// element (the tile kernels' inputs that are no whole number of 16-byte pieces).
 template <typename S, int COUNT, int BLOCK>
 __device__ __forceinline__ void js_block_copy(S* __restrict__ dst, const S* __restrict__ src) {
-  if ((COUNT * sizeof(S)) % 16 == 0) {
-    const uint4* s = reinterpret_cast<const uint4*>(src);
-    uint4* d = reinterpret_cast<uint4*>(dst);
-#pragma unroll 4
-    for (int i = threadIdx.x; i < (int)(COUNT * sizeof(S) / 16); i += BLOCK) d[i] = __ldcs(s + i);
-  } else {
-    for (int i = threadIdx.x; i < COUNT; i += BLOCK) dst[i] = src[i];
-  }
+  for (int i = threadIdx.x; i < COUNT; i += BLOCK) dst[i] = src[i];
 }
 // The same copy started asynchronously (cp.async, evict-first in L2), when COUNT elements are a
 // whole number of 16-byte pieces: it lands after js_stage_commit and js_stage_wait.

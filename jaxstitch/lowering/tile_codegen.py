@@ -100,8 +100,9 @@ class _Emitter:
     def stores_of(self, vid: int) -> list[tuple[int, ir.Value]]:
         return [(j, o) for j, o in enumerate(self.outputs) if self.plan.root(o.id) == vid]
 
-    def store(self, w: Writer, j: int, o: ir.Value, expr: str):
-        w(f"out{j}[{_index(self.plan.out_kind(o))}] = js_io<{STYPE[o.dtype]}>::put({expr});")
+    def store(self, w: Writer, j: int, o: ir.Value, expr: str, guard: str = ""):
+        w(f"{'if (' + guard + ') ' if guard else ''}out{j}[{_index(self.plan.out_kind(o))}] = "
+          f"js_io<{STYPE[o.dtype]}>::put({expr});")
 
 
 def _reduce(op: ir.Op):
@@ -123,64 +124,49 @@ def _row_step(em: _Emitter, w: Writer, step: T.TileStep):
     for op in step.ops:
         out = op.outputs[0]
         if op.prim in opdefs.REDUCTIONS:  # along a or b: every warp walks the axis itself
-            ct, fn, ident = _reduce(op)
+            red = (op, *_reduce(op))
             axis = em.plan.of(op.inputs[0]).domain
             var = _INDEX[axis]
-            w(f"{ct} r{out.id};")
+            w(f"{red[1]} r{out.id};")
             w("{")
             inner = Writer(w.indent + 1)
-            inner(f"{ct} acc = {ident};")
-            inner(f"for (int {var} = lane; {var} < {_SIZE[axis]}; {var} += 32) {{")
-            loop = Writer(w.indent + 2)
-            em.body(loop)
-            x = em.ref(op.inputs[0])
-            loop(f"acc = {fn}(acc, ({ct})({x}));")
-            inner.lines.extend(loop.lines)
-            inner("}")
-            inner(f"r{out.id} = js_group_reduce<32>(acc, {fn});")
+            _fold(em, inner, [red], f"for (int {var} = lane; {var} < {_SIZE[axis]}; {var} += 32)")
+            inner(f"r{out.id} = js_group_reduce<32>(acc{out.id}, {red[2]});")
             w.lines.extend(inner.lines)
             w("}")
             em.body(w)
         else:
             w(f"const {em.ctype(out)} r{out.id} = {em.expr(op)};")
     for o in step.stores:
-        j = em.outputs.index(o)
-        kind = em.plan.out_kind(o)
-        guard = "tid == 0" + ("" if T.N in kind else " && row == 0")
-        w(f"if ({guard}) out{j}[{_index(kind)}] = "
-          f"js_io<{STYPE[o.dtype]}>::put({em.ref(o)});")
+        guard = "tid == 0" + ("" if T.N in em.plan.out_kind(o) else " && row == 0")
+        em.store(w, em.outputs.index(o), o, em.ref(o), guard)
 
 
 def _each(em: _Emitter, w: Writer, step: T.TileStep):
     reds = [(op, *_reduce(op)) for op in step.ops]
-    for op, ct, fn, ident in reds:
-        w(f"{ct} acc{op.outputs[0].id} = {ident};")
-    w("for (int i = tid; i < TILE; i += BLOCK) {")
-    body = Writer(w.indent + 1)
-    em.body(body)
-    body("const int a = i / TB, b = i % TB;")
-    for op, ct, fn, ident in reds:
-        body(f"acc{op.outputs[0].id} = {fn}(acc{op.outputs[0].id}, ({ct})({em.ref(op.inputs[0])}));")
-    for o in step.stores:
-        em.store(body, em.outputs.index(o), o, em.ref(o))
-    w.lines.extend(body.lines)
-    w("}")
+    _fold(em, w, reds, "for (int i = tid; i < TILE; i += BLOCK)", first="const int a = i / TB, b = i % TB;",
+          stores=step.stores)
     for op, ct, fn, ident in reds:
         out = op.outputs[0]
         w(f"acc{out.id} = js_group_reduce<32>(acc{out.id}, {fn});")
         w(f"if (lane == 0) reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})[warp] = acc{out.id};")
 
 
-def _fold(em: _Emitter, w: Writer, reds, loop_head: str):
+def _fold(em: _Emitter, w: Writer, reds, loop_head: str, first: str = "", stores=()):
     """The reductions' accumulators set to their identities, then folded over `loop_head`'s
-    iterations (inline values computed again in each)."""
+    iterations (inline values computed again in each, after `first`); `stores`: outputs stored in
+    each iteration."""
     for op, ct, fn, ident in reds:
         w(f"{ct} acc{op.outputs[0].id} = {ident};")
     w(loop_head + " {")
     body = Writer(w.indent + 1)
     em.body(body)
+    if first:
+        body(first)
     for op, ct, fn, ident in reds:
         body(f"acc{op.outputs[0].id} = {fn}(acc{op.outputs[0].id}, ({ct})({em.ref(op.inputs[0])}));")
+    for o in stores:
+        em.store(body, em.outputs.index(o), o, em.ref(o))
     w.lines.extend(body.lines)
     w("}")
 
@@ -195,11 +181,13 @@ def _along_b(em: _Emitter, w: Writer, step: T.TileStep):
     for op, ct, fn, ident in reds:
         inner(f"acc{op.outputs[0].id} = js_group_reduce<GROUP>(acc{op.outputs[0].id}, {fn});")
     inner("if (a < TA && tid % GROUP == 0) {")
+    done = Writer(inner.indent + 1)
     for op, ct, fn, ident in reds:
         out = op.outputs[0]
-        inner(f"  sm{out.id}[a] = acc{out.id};")
+        done(f"sm{out.id}[a] = acc{out.id};")
         for j, o in em.stores_of(out.id):
-            inner(f"  out{j}[{_index(em.plan.out_kind(o))}] = js_io<{STYPE[o.dtype]}>::put(acc{out.id});")
+            em.store(done, j, o, f"acc{out.id}")
+    inner.lines.extend(done.lines)
     inner("}")
     w.lines.extend(inner.lines)
     w("}")

@@ -151,7 +151,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     split_rounds = -(-mp.n_rows * mp.splits // mp.grid) if mp.splits > 1 else 0
     est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, target,
                         rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms, split_rounds=split_rounds)
-    min_gain = cost.MIN_GAIN if tuning.min_gain_pct is None else tuning.min_gain_pct / 100
+    min_gain = _min_gain(tuning)
     idle = None
     if est.speedup < min_gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:
         idle = (f"only {busy_sms} of {target.sm_count} SMs would have work ({mp.n_rows} rows, "
@@ -192,5 +192,9 @@ def _plan_tile(region: Region, target: Target, tuning: mapping_mod.Tuning, relax
     if relaxed:
         kernel = dataclasses.replace(kernel, mapping=dataclasses.replace(kernel.mapping, min_blocks=1))
     est = tile.estimate(kernel, target)
-    min_gain = cost.MIN_GAIN if tuning.min_gain_pct is None else tuning.min_gain_pct / 100
-    return RegionPlan(region, kernel, est, _decline_reason(region, est, min_gain, None))
+    return RegionPlan(region, kernel, est, _decline_reason(region, est, _min_gain(tuning), None))
+
+
+def _min_gain(tuning: mapping_mod.Tuning) -> float:
+    """The estimated speedup the cost model asks for (JAXSTITCH_TUNE's min_gain_pct overrides it)."""
+    return cost.MIN_GAIN if tuning.min_gain_pct is None else tuning.min_gain_pct / 100
