@@ -33,7 +33,7 @@ class Partition:
     unsupported: tuple[tuple[int, str], ...]  # (op index, reason) for ops left to XLA
 
 
-class _Nodes:
+class Nodes:
     """The condensed graph: regions (union-find roots) and single left-over ops, with their deps."""
 
     def __init__(self):
@@ -80,7 +80,7 @@ class _Nodes:
 
 
 def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> Partition:
-    nodes = _Nodes()
+    nodes = Nodes()
     node_of_value: dict[int, object] = {}
     region_ops: dict[int, list[ir.Op]] = {}
     epilogue: set[int] = set()
@@ -104,6 +104,8 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
         candidates = [nodes.find(node_of_value[v]) for v in vals
                       if v in node_of_value and nodes.find(node_of_value[v]) in region_ops]
         candidates = list(dict.fromkeys(candidates))
+        if any(o.size > 1 for o in op.outputs):
+            candidates = [r for r in candidates if not _through_scalars(op, r, region_ops[r], nodes, node_of_value)]
         epi_in = [v for v in vals if v in epilogue]
         is_epi = opdefs.is_grid_reduction(op)
         if epi_in:
@@ -145,6 +147,20 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
     return Partition(_collect(graph, consumers, region_ops, cut), tuple(unsupported))
 
 
+def _through_scalars(op: ir.Op, r, rops: list[ir.Op], nodes: Nodes, node_of_value: dict) -> bool:
+    """Whether the array op `op` would join region `r` only through scalars `r` computes from its
+    inputs or next to arrays. Such an op starts a region of its own: chains that share only a scalar
+    (every parameter's update reads an optimizer's bias corrections) are independent kernels, which
+    remote stitching (plan/remote.py) launches together; joined, they would pile into one region of
+    unrelated shapes. A scalar made of constants alone (a loss's 1/n) is still joined."""
+    if not all(a.size <= 1 for a in op.inputs
+               if isinstance(a, ir.Value) and a.id in node_of_value and nodes.find(node_of_value[a.id]) == r):
+        return False
+    made = {v.id for o in rops for v in o.outputs}
+    reads = any(isinstance(a, ir.Value) and a.id not in made for o in rops for a in o.inputs)
+    return reads or any(v.size > 1 for o in rops for v in o.outputs)
+
+
 def _shapes(op: ir.Op) -> set[tuple[int, ...]]:
     return {tuple(v.shape) for v in (*op.inputs, *op.outputs) if isinstance(v, ir.Value) and v.shape}
 
@@ -163,7 +179,7 @@ def _still_fits(graph, consumers, region_ops, shapes, r, joined, op, fits) -> bo
     return fits(_make_region(graph, -1, sorted(rops, key=lambda o: o.index), consumers))
 
 
-def _merge_siblings(graph, consumers: dict[int, set[int]], nodes: _Nodes, region_ops: dict, fits):
+def _merge_siblings(graph, consumers: dict[int, set[int]], nodes: Nodes, region_ops: dict, fits):
     """Merge regions that read a common input and do not depend on each other (one pass over inputs).
     A common scalar is no reason to merge: reading it twice costs nothing (and an optimizer's step
     count, read by every parameter's update, would pair hundreds of regions)."""

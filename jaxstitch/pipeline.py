@@ -5,12 +5,14 @@ import dataclasses
 import logging
 import os
 
-from . import partition as partition_mod, trace as trace_mod
+from . import ir, partition as partition_mod, trace as trace_mod
 from .config import Config
 from .kernels import cache, nvrtc
 from .lowering import codegen
+from .ops import COMPUTE_BOUND
 from .plan import RegionPlan, Unplannable, plan_region
-from .plan import tile
+from .plan.planner import min_gain
+from .plan import remote, tile
 from .plan.layout import place
 from .targets import TARGETS, Target
 
@@ -111,10 +113,71 @@ def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | N
     traced = trace_mod.trace(fun, flat_args, in_tree, static)
     part = partition_mod.partition(traced.graph, fits=_fits_one_kernel)
     regions = tuple(compile_region(r, target, cfg) for r in part.regions)
+    regions = stitch_remote(traced.graph, regions, target, cfg)
     program = Program(traced, part, regions, target)
     if cfg.dump_dir:
         _dump(program, cfg.dump_dir)
     return program
+
+
+def stitch_remote(graph, regions: tuple[Compiled, ...], target: Target, cfg: Config) -> tuple[Compiled, ...]:
+    """Remote stitching (plan/remote.py): flat regions left to XLA that XLA could not fuse with their
+    neighbours either, launched together where the cost model expects a gain. The merged regions
+    replace their members."""
+    ends = _Ends(graph, regions)
+    candidates = [c.plan.region for c in regions if ends.remote_candidate(c)]
+    merged: dict[int, Compiled] = {}
+    next_id = 1 + max((c.plan.region.id for c in regions), default=0)
+    for group in remote.groups(graph, tuple(c.plan.region for c in regions), candidates):
+        kernel, est = remote.plan_remote(group, next_id, target)
+        next_id += 1
+        if est.speedup < min_gain(cfg.tuning):
+            log.info("%d independent chains stay with XLA: estimated %.1f us as one kernel vs %.1f us",
+                     len(group), est.us, est.xla_us)
+            continue
+        compiled = _compile_plan(RegionPlan(kernel.region, kernel, est, None), target, cfg)
+        if compiled.stitched:
+            merged.update((r.id, compiled) for r in group)
+    out, placed = [], set()
+    for c in regions:
+        m = merged.get(c.plan.region.id)
+        if m is None:
+            out.append(c)
+        elif m.plan.region.id not in placed:
+            placed.add(m.plan.region.id)
+            out.append(m)
+    return tuple(out)
+
+
+class _Ends:
+    """Where a region's inputs come from and its results go, as far as XLA's fusion is concerned."""
+
+    def __init__(self, graph, regions: tuple[Compiled, ...]):
+        stitched = [c.plan.region for c in regions if c.stitched]
+        # values XLA does not fuse into (or out of) a neighbouring loop: program inputs, results of
+        # compute-bound ops (library calls) and of our kernels
+        self.unfused = {v.id for v in graph.inputs}
+        self.unfused |= {o.id for op in graph.ops if op.prim in COMPUTE_BOUND for o in op.outputs}
+        self.unfused |= {v.id for r in stitched for v in r.outputs}
+        stitched_ops = {op.index for r in stitched for op in r.ops}
+        self.fusing_readers: dict[int, set[int]] = {}  # value -> ops XLA could fuse it into
+        for op in graph.ops:
+            if op.prim in COMPUTE_BOUND or op.index in stitched_ops:
+                continue
+            for a in op.inputs:
+                if isinstance(a, ir.Value):
+                    self.fusing_readers.setdefault(a.id, set()).add(op.index)
+
+    def remote_candidate(self, c: Compiled) -> bool:
+        """A flat region left to XLA (not for an error, not cut from a neighbour) whose inputs and
+        results XLA would not fuse with other ops anyway."""
+        r = c.plan.region
+        if c.stitched or c.error or r.cut or remote.flat_size(r) is None:
+            return False
+        if not all(v.size == 1 or v.id in self.unfused for v in r.inputs):
+            return False
+        own = {op.index for op in r.ops}
+        return all(self.fusing_readers.get(v.id, set()) <= own for v in r.outputs)
 
 
 def _dump(program: Program, dump_dir: str):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one check to run on a GPU machine, from any directory:
 #   bash scripts/gpu_check.sh
-# Steps: GPU info, editable install, launcher smoke test, `pytest -m gpu`, then the benchmark (last, so its
+# Steps: GPU info, editable install, launcher smoke test, `pytest -m gpu`, the GPU time of host-bound
+# workloads (scripts/device_time.py, where torch is installed), then the benchmark (last, so its
 # table is at the end of the output), then a summary of every step's exit status. Logs and bench.json go to
 # $OUT when it is set (the device runner's output folder), else to /tmp/jaxstitch_gpu_check.
 # Environment: QUICK=1 passes --quick to the benchmark; SKIP_TESTS=1 skips pytest; BENCH_ARGS adds
@@ -50,6 +51,16 @@ else
   # pytest exits 5 when no test is collected: no GPU test exists yet, which is not a failure.
   if [ "$rc" -eq 5 ]; then rc="none"; fi
   record gpu_tests "$rc"
+fi
+
+echo "== device time of host-bound workloads (log: $LOGS/device_time.log)"
+if "$PY" -c "import torch" 2>/dev/null; then
+  # shellcheck disable=SC2086
+  "$PY" scripts/device_time.py $([ "${QUICK:-0}" = 1 ] && echo --quick) 2>&1 | tee "$LOGS/device_time.log"
+  record device_time $?
+else
+  echo "torch (its CUPTI profiler) is not installed: skipped"
+  record device_time skip
 fi
 
 echo "== bench (log: $LOGS/bench.log, numbers: $LOGS/bench.json)"

@@ -282,6 +282,34 @@ def test_tile_kernels_match_xla(shape, dtype):
             compare(a, c, f"{what} output {i}")
 
 
+def _independent_chains(a, b, c, d, e, s):
+    """Five chains with no path between them, of three op structures, sizes that are not multiples
+    of a vector (4 float32) or of a task (4096 elements), and float, half, int and bool values."""
+    return (a * s + 1.0, b * s + 1.0, (c * 3 + 1) % 7, jnp.where(d > 0, d, s).astype(jnp.bfloat16),
+            jnp.logical_not(e), a.size * s)
+
+
+REMOTE_SHAPES = [(1000, 3), (4097,), (3, 4096, 2), (5,), (777,)]
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_remote_kernels_match_xla(dtype):
+    seed = (RUN_SEED + zlib.crc32(f"remote/{dtype}".encode())) % (1 << 63)
+    rng = np.random.default_rng(seed)
+    dt = DTYPES[dtype]
+    sa, sb, sc, sd, se = REMOTE_SHAPES
+    args = (jnp.asarray(rng.standard_normal(sa), dt), jnp.asarray(rng.standard_normal(sb), dt),
+            jnp.asarray(rng.integers(-1000, 1000, sc), jnp.int32), jnp.asarray(rng.standard_normal(sd), jnp.float32),
+            jnp.asarray(rng.random(se) < 0.5), jnp.asarray(rng.standard_normal(()), dt))
+    what = _msg(f"independent chains {dtype}", seed)
+    report = jaxstitch.explain(_independent_chains, *args)
+    assert any(r.stitched and r.scheme == "remote" for r in report.regions), str(report)
+    want = jax.block_until_ready(jax.jit(_independent_chains)(*args))
+    _, got = run_stitched(_independent_chains, args, what)
+    for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+        compare(a, c, f"{what} output {i}")
+
+
 def _count_params():
     out = []
     for name in WORKLOADS:

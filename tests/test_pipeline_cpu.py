@@ -27,6 +27,7 @@ import jaxstitch
 from jaxstitch import config, pipeline
 from jaxstitch.kernels import cache, nvrtc
 from jaxstitch.plan.mapping import stash_slot_bytes
+from jaxstitch.report import make_report
 from jaxstitch.workloads import WORKLOADS, layernorm_fwdbwd, softmax_fwdbwd, xent_fwdbwd
 from strategies import force_stitching, random_inputs, region_graphs
 
@@ -208,19 +209,57 @@ def _heavy_then_pairs(x):
 
 
 def test_regions_grow_only_while_plannable():
-    """A shared scalar (AdamW's bias corrections) reaches every parameter's update, and a reduction
-    can lead into rows of another length: an op that would make its region unplannable starts a
-    region of its own, so the rest can still be planned. Such a cut piece is left to XLA all the
-    same, saying why: XLA would fuse across the cut (DIEN's attention softmax, stitched alone before
-    tiles could hold the whole attention, measured 0.89x)."""
-    report = explain(WORKLOADS["adamw_bert"].fn, *quick_specs("adamw_bert", "float32"), target="h200")
-    assert len(report.regions) > 10, str(report)
-    assert not any("neither a row" in (r.reason or "") for r in report.regions), str(report)
+    """A reduction can lead into rows of another length: an op that would make its region
+    unplannable starts a region of its own, so the rest can still be planned. Such a cut piece is
+    left to XLA all the same, saying why: XLA would fuse across the cut (DIEN's attention softmax,
+    stitched alone before tiles could hold the whole attention, measured 0.89x)."""
     report = explain(_heavy_then_pairs, S((16384, 1024), jnp.float32), target="h200")
     assert len(report.regions) == 2, str(report)
     chain = report.regions[0]
     assert chain.mapping and not chain.stitched and "cut from a neighbouring region" in chain.reason, str(report)
     assert not any("different row lengths" in (r.reason or "") for r in report.regions), str(report)
+
+
+def test_adamw_is_one_remote_kernel():
+    """AdamW over BERT-base's 199 parameters: chains that share only a scalar (the bias corrections)
+    are regions of their own, which remote stitching launches as one kernel with one code body
+    (1,393 buffers: a 11 KiB parameter table), compiled by NVRTC. The bias corrections stay with XLA."""
+    specs = jax.eval_shape(lambda k: WORKLOADS["adamw_bert"].make_inputs(k, jnp.bfloat16, False),
+                           jax.random.key(0))
+    flat, tree = jax.tree.flatten((tuple(specs), {}))
+    program = pipeline.build(WORKLOADS["adamw_bert"].fn, flat, tree, jaxstitch.get_target("h100"), config.load())
+    stitched = [c for c in program.regions if c.stitched]
+    assert len(stitched) == 1, str(make_report(program))
+    (c,) = stitched
+    kernel = c.plan.kernel
+    assert kernel.scheme == "remote" and len(kernel.members) == 199 and len(kernel.bodies) == 1
+    assert len(c.plan.region.inputs) + len(c.plan.region.outputs) == 199 * 7 + 2 and c.cubin
+    assert c.plan.estimate.speedup > 1.15
+    rest = [c for c in program.regions if not c.stitched]
+    assert all(set(op.prim for op in r.plan.region.ops) <= {"pow", "sub"} for r in rest), str(make_report(program))
+
+
+def _two_layers(x, y, w):
+    a = jnp.tanh(x) * 2.0 + 1.0       # depth 1
+    b = a @ w                         # left to XLA
+    c = b * 3.0 - 1.0                 # depth 3: after the dot
+    d = jnp.abs(y).astype(jnp.bfloat16)  # depth 1: independent of a
+    return c, d
+
+
+def test_remote_stitching_merges_only_independent_regions():
+    """Regions at equal depth merge (the tanh chain and the abs chain); the chain after the dot
+    depends on the tanh chain through the dot and stays apart: merging it would make a cycle."""
+    specs = (S((512, 64), jnp.float32), S((1000, 3), jnp.float32), S((64, 64), jnp.float32))
+    program = _program(_two_layers, specs, target="h100")
+    remote = [c for c in program.regions if c.stitched]
+    assert len(remote) == 1 and remote[0].plan.kernel.scheme == "remote", str(make_report(program))
+    prims = {op.prim for op in remote[0].plan.region.ops}
+    assert {"tanh", "abs"} <= prims and "sub" not in prims, prims
+    assert len(remote[0].plan.kernel.bodies) == 2
+    args = [jax.random.normal(k, s.shape, s.dtype) for k, s in zip(jax.random.split(jax.random.key(1), 3), specs)]
+    for got, want in zip(jaxstitch.jit(_two_layers)(*args), jax.jit(_two_layers)(*args)):
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
 
 def _dien_specs(b, dtype, a=50, k=36):

@@ -12,8 +12,9 @@ import string
 from .. import ir, ops as opdefs
 from ..plan import KernelPlan
 from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR, Unplannable
+from ..plan.remote import RemotePlan
 from ..plan.tile import TilePlan
-from . import reductions, tile_codegen
+from . import reductions, remote_codegen, tile_codegen
 from .cuda_ops import CTYPE, REDUCE, STYPE
 from .epilogue import render_epilogue
 from .kernel import KERNEL_NAME, Kernel, Writer, template, vec_col  # noqa: F401 - KERNEL_NAME: the stitcher's
@@ -118,9 +119,12 @@ def _split_one_hot(k: Kernel, w: Writer, emit, tag: int):
 
 
 def render(plan) -> Source:
-    """A KernelPlan as a row-space kernel, a TilePlan as a tile kernel (tile_codegen.py)."""
+    """A KernelPlan as a row-space kernel, a TilePlan as a tile kernel (tile_codegen.py), a
+    RemotePlan as a multi-tensor kernel (remote_codegen.py)."""
     if isinstance(plan, TilePlan):
         return tile_codegen.render(plan)
+    if isinstance(plan, RemotePlan):
+        return Source(remote_codegen.render(plan), KERNEL_NAME, ("P",))
     k = Kernel(plan)
     region, layout, m = plan.region, plan.layout, plan.mapping
     level = {p.value.id: p.level for p in layout.values}

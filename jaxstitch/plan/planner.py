@@ -151,13 +151,13 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     split_rounds = -(-mp.n_rows * mp.splits // mp.grid) if mp.splits > 1 else 0
     est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, target,
                         rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms, split_rounds=split_rounds)
-    min_gain = _min_gain(tuning)
+    gain = min_gain(tuning)
     idle = None
-    if est.speedup < min_gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:
+    if est.speedup < gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:
         idle = (f"only {busy_sms} of {target.sm_count} SMs would have work ({mp.n_rows} rows, "
                 f"{mp.rows_per_block} per block{', ' + str(mp.splits) + ' blocks per row' if mp.splits > 1 else ''}): "
                 f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
-    return RegionPlan(region, kernel, est, _decline_reason(region, est, min_gain, idle))
+    return RegionPlan(region, kernel, est, _decline_reason(region, est, gain, idle))
 
 
 def _decline_reason(region: Region, est: cost.Estimate, min_gain: float, idle: str | None) -> str | None:
@@ -192,9 +192,9 @@ def _plan_tile(region: Region, target: Target, tuning: mapping_mod.Tuning, relax
     if relaxed:
         kernel = dataclasses.replace(kernel, mapping=dataclasses.replace(kernel.mapping, min_blocks=1))
     est = tile.estimate(kernel, target)
-    return RegionPlan(region, kernel, est, _decline_reason(region, est, _min_gain(tuning), None))
+    return RegionPlan(region, kernel, est, _decline_reason(region, est, min_gain(tuning), None))
 
 
-def _min_gain(tuning: mapping_mod.Tuning) -> float:
+def min_gain(tuning: mapping_mod.Tuning) -> float:
     """The estimated speedup the cost model asks for (JAXSTITCH_TUNE's min_gain_pct overrides it)."""
     return cost.MIN_GAIN if tuning.min_gain_pct is None else tuning.min_gain_pct / 100

@@ -1,0 +1,81 @@
+"""GPU time per call of host-bound workloads, jax.jit against jaxstitch.jit, from a CUPTI timeline.
+
+AdamW over BERT-base passes 1,394 buffers in and 597 out: a call's wall time is jax's dispatch of
+them (3-6 ms), for jax.jit as for us, while the GPU is busy for about 1 ms. Inside a training step
+the update is one part of a single jitted call, so its GPU time is what counts. This reads it off
+torch's CUPTI profiler (on the GPU machines, not a jaxstitch dependency): per call, the span from
+the first kernel's start to the last one's end, and the kernels in it; medians over calls.
+
+    python3 scripts/device_time.py [--calls 7] [--only adamw_bert] [--quick]
+"""
+import argparse
+import json
+import os
+import statistics
+import tempfile
+
+import torch  # first: its CUDA context is the one jax then shares
+
+torch.cuda.init()
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jaxstitch  # noqa: E402
+from jaxstitch import bench  # noqa: E402
+from jaxstitch.workloads import WORKLOADS  # noqa: E402
+
+HOST_BOUND = ("adamw_bert",)
+GPU_EVENTS = ("kernel", "gpu_memset", "gpu_memcpy")
+
+
+def one_call(f, args) -> tuple[float, int]:
+    """(span µs, kernels) of one call, the GPU idle before it."""
+    jax.block_until_ready(f(*args))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        jax.block_until_ready(f(*args))
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as fh:
+            events = json.load(fh)["traceEvents"]
+    ev = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_EVENTS]
+    if not ev:
+        return float("nan"), 0
+    start = min(e["ts"] for e in ev)
+    end = max(e["ts"] + e["dur"] for e in ev)
+    return end - start, sum(e.get("cat") == "kernel" for e in ev)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--calls", type=int, default=7)
+    ap.add_argument("--only", nargs="*", default=list(HOST_BOUND))
+    ap.add_argument("--quick", action="store_true")
+    opts = ap.parse_args()
+    bandwidth = bench.measure_bandwidth(opts.quick, 10)
+    print(f"device: {jax.devices()[0].device_kind} | copy bandwidth {bandwidth / 1e9:.0f} GB/s | "
+          f"GPU span per call (CUPTI), median of {opts.calls}")
+    print("| workload | dtype | jax.jit GPU µs | jaxstitch GPU µs | speedup | % roofline (stitch) | "
+          "% roofline (jit) | kernels (jit→stitch) | max rel err |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name in opts.only:
+        w = WORKLOADS[name]
+        for dtype in ("float32", "bfloat16"):
+            args = w.make_inputs(jax.random.key(0), getattr(jnp, dtype), opts.quick)
+            fns = (jax.jit(w.fn), jaxstitch.jit(w.fn))
+            want = jax.block_until_ready(fns[0](*args))
+            err = bench.max_rel_err(jax.block_until_ready(fns[1](*args)), want)
+            moved = bench.tree_bytes(args) + bench.tree_bytes(want)
+            res = []
+            for f in fns:
+                calls = [one_call(f, args) for _ in range(opts.calls)]
+                res.append((statistics.median(c[0] for c in calls), statistics.median(c[1] for c in calls)))
+            (xs, xk), (ss, sk) = res
+            ideal = moved / bandwidth * 1e6
+            print(f"| {name} | {dtype} | {xs:.1f} | {ss:.1f} | {xs / ss:.2f}x | {100 * ideal / ss:.0f}% | "
+                  f"{100 * ideal / xs:.0f}% | {xk:.0f}→{sk:.0f} | {err:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
