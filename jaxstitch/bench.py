@@ -245,8 +245,8 @@ def bench_one(workload, dtype_name, quick, reps, bandwidth, stitch, tunings=()) 
     xla_us, stitch_us, *variant_us = time_fns(fns, args, reps, inner)
     ideal_us = moved / bandwidth * 1e6
     return {
-        "variants": [{"tune": spec, "stitch_us": us, "max_rel_err": err}
-                     for (spec, _, err), us in zip(variants, variant_us)],
+        "variants": [{"tune": spec, "stitch_us": us, "max_rel_err": err, "kernels": compiled_kernels(f, args)}
+                     for (spec, f, err), us in zip(variants, variant_us)],
         "workload": workload.name, "dtype": dtype_name,
         "shape": list(workload.shape(quick)), "bytes": moved, "inner": inner, "reps": reps,
         "jit_us": xla_us, "stitch_us": stitch_us, "speedup": xla_us / stitch_us,
@@ -313,7 +313,8 @@ def format_variants(rows) -> str:
     for r in rows:
         if "error" in r:
             continue
-        cells = [f"{v['tune']}: {v['stitch_us']:.1f} ({r['stitch_us'] / v['stitch_us']:.2f}x"
+        cells = [f"{v['tune']}: {v['stitch_us']:.1f} ({r['stitch_us'] / v['stitch_us']:.2f}x, "
+                 f"{v.get('kernels', '?')} kernels"
                  + (", ERR %.1e" % v["max_rel_err"] if v["max_rel_err"] > 1e-2 else "") + ")"
                  for v in r["variants"]]
         lines.append(f"  {r['workload']} {r['dtype']}: default {r['stitch_us']:.1f} | " + " | ".join(cells))

@@ -28,6 +28,14 @@ class Region:
 
 
 @dataclasses.dataclass(frozen=True)
+class Cuts:
+    """Kernel boundaries forced for ablations (JAXSTITCH_TUNE's stitch=0 and grid=0)."""
+
+    at_reduced: bool = False  # an op using a reduced value starts a region (XLA's fusion boundaries)
+    at_grid: bool = False     # column and whole-array reductions start regions of their own
+
+
+@dataclasses.dataclass(frozen=True)
 class Partition:
     regions: tuple[Region, ...]
     unsupported: tuple[tuple[int, str], ...]  # (op index, reason) for ops left to XLA
@@ -79,8 +87,9 @@ class Nodes:
         return not self.reaches(via_b, a) and not self.reaches(via_a, b)
 
 
-def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> Partition:
+def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cuts: Cuts = Cuts()) -> Partition:
     nodes = Nodes()
+    reduced: set[int] = set()  # outputs of reductions, and layout ops of them (for cuts.at_reduced)
     node_of_value: dict[int, object] = {}
     region_ops: dict[int, list[ir.Op]] = {}
     epilogue: set[int] = set()
@@ -106,6 +115,11 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
         candidates = list(dict.fromkeys(candidates))
         if any(o.size > 1 for o in op.outputs):
             candidates = [r for r in candidates if not _through_scalars(op, r, region_ops[r], nodes, node_of_value)]
+        if cuts.at_reduced and not opdefs.is_layout(op):
+            candidates = [r for r in candidates
+                          if not any(v in reduced and nodes.find(node_of_value[v]) == r for v in vals)]
+        if cuts.at_grid and opdefs.is_grid_reduction(op):
+            candidates = []
         epi_in = [v for v in vals if v in epilogue]
         is_epi = opdefs.is_grid_reduction(op)
         if epi_in:
@@ -141,10 +155,21 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None) -> 
             node_of_value[o.id] = joined
             if is_epi:
                 epilogue.add(o.id)
+            if (op.prim in opdefs.REDUCTIONS and not opdefs.is_layout(op)) or (opdefs.is_layout(op) and set(vals) & reduced):
+                reduced.add(o.id)
 
-    if fits is not None:
+    if fits is not None and not cuts.at_reduced:
+        if cuts.at_grid:  # column reductions merge with each other, not with row work
+            fits = _grid_apart(fits)
         _merge_siblings(graph, consumers, nodes, region_ops, fits)
     return Partition(_collect(graph, consumers, region_ops, cut), tuple(unsupported))
+
+
+def _grid_apart(fits):
+    def fits_apart(region: Region) -> bool:
+        grid = [opdefs.is_grid_reduction(op) for op in region.ops if op.prim in opdefs.REDUCTIONS]
+        return (all(grid) or not any(grid)) and fits(region)
+    return fits_apart
 
 
 def _through_scalars(op: ir.Op, r, rops: list[ir.Op], nodes: Nodes, node_of_value: dict) -> bool:

@@ -111,9 +111,11 @@ def _fits_one_kernel(region) -> bool:
 
 def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
     traced = trace_mod.trace(fun, flat_args, in_tree, static)
-    part = partition_mod.partition(traced.graph, fits=_fits_one_kernel)
+    cuts = partition_mod.Cuts(at_reduced=not cfg.tuning.stitch, at_grid=not cfg.tuning.grid)
+    part = partition_mod.partition(traced.graph, fits=_fits_one_kernel, cuts=cuts)
     regions = tuple(compile_region(r, target, cfg) for r in part.regions)
-    regions = stitch_remote(traced.graph, regions, target, cfg)
+    if cfg.tuning.remote:
+        regions = stitch_remote(traced.graph, regions, target, cfg)
     program = Program(traced, part, regions, target)
     if cfg.dump_dir:
         _dump(program, cfg.dump_dir)

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 import jaxstitch
 from jaxstitch import config, pipeline
 from jaxstitch.kernels import cache, nvrtc
-from jaxstitch.plan.mapping import stash_slot_bytes
+from jaxstitch.plan.mapping import Tuning, stash_slot_bytes
 from jaxstitch.report import make_report
 from jaxstitch.workloads import WORKLOADS, layernorm_fwdbwd, softmax_fwdbwd, xent_fwdbwd
 from strategies import force_stitching, random_inputs, region_graphs
@@ -237,6 +237,28 @@ def test_adamw_is_one_remote_kernel():
     assert c.plan.estimate.speedup > 1.15
     rest = [c for c in program.regions if not c.stitched]
     assert all(set(op.prim for op in r.plan.region.ops) <= {"pow", "sub"} for r in rest), str(make_report(program))
+
+
+ABLATION = {  # JAXSTITCH_TUNE spec -> stitched kernels of layernorm fwd+bwd and cross-entropy fwd+bwd
+    "stitch=0,grid=0,online=0,min_gain_pct=0": (7, 6),  # thread mapping only: XLA's kernel boundaries
+    "grid=0,online=0,min_gain_pct=0": (3, 2),           # + stitching: column sums apart
+    "grid=0,min_gain_pct=0": (3, 2),                    # + dominant merging: online softmax
+    "min_gain_pct=0": (1, 1),                           # + global scheme: one kernel
+}
+
+
+@pytest.mark.parametrize("spec", list(ABLATION))
+def test_ablation_knobs_cut_where_they_say(spec):
+    """The ablation's configurations (docs/perf_notes.md): each stitches everything it plans, with
+    kernel boundaries where the switched-off technique would have removed them."""
+    cfg = dataclasses.replace(config.load(), tuning=Tuning.parse(spec))
+    for name, want in zip(("layernorm_fwdbwd", "xent_fwdbwd"), ABLATION[spec]):
+        specs = quick_specs(name, "float32")
+        program = pipeline.build(WORKLOADS[name].fn, list(specs), jax.tree_util.tree_structure((tuple(specs), {})),
+                                 jaxstitch.get_target("h100"), cfg)
+        assert all(c.stitched for c in program.regions) and len(program.regions) == want, str(make_report(program))
+        online = any(c.plan.kernel.online for c in program.regions)
+        assert online == (name == "xent_fwdbwd" and "online=0" not in spec)
 
 
 def _two_layers(x, y, w):

@@ -40,7 +40,10 @@ class Tuning:
     blocks per long row when there are too few rows to fill the GPU (unset or 0: chosen by the
     planner; 1: never split); `online`: 0 reduces a softmax's
     max and sum of exponentials in two passes, as written, instead of one (plan/online.py);
-    `fast_exp`: 0 computes exp with expf even in half-precision regions (see planner.fast_exp)."""
+    `fast_exp`: 0 computes exp with expf even in half-precision regions (see planner.fast_exp).
+    For ablations: `stitch`: 0 ends regions where XLA ends its kernels (at every use of a reduced
+    value; siblings not merged); `grid`: 0 gives column and whole-array reductions kernels of their
+    own (no grid barrier next to row work); `remote`: 0 launches independent regions separately."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -50,8 +53,12 @@ class Tuning:
     splits: int | None = None
     online: int = 1
     fast_exp: int = 1
+    stitch: int = 1
+    grid: int = 1
+    remote: int = 1
 
-    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "fast_exp")
+    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "fast_exp",
+              "stitch", "grid", "remote")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":

@@ -157,11 +157,17 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         idle = (f"only {busy_sms} of {target.sm_count} SMs would have work ({mp.n_rows} rows, "
                 f"{mp.rows_per_block} per block{', ' + str(mp.splits) + ' blocks per row' if mp.splits > 1 else ''}): "
                 f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
-    return RegionPlan(region, kernel, est, _decline_reason(region, est, gain, idle))
+    return RegionPlan(region, kernel, est, _decline_reason(region, est, gain, idle, tuning.min_gain_pct is not None))
 
 
-def _decline_reason(region: Region, est: cost.Estimate, min_gain: float, idle: str | None) -> str | None:
-    """Why the cost model leaves a planned region to XLA, or None to stitch it."""
+def _decline_reason(region: Region, est: cost.Estimate, min_gain: float, idle: str | None,
+                    forced: bool = False) -> str | None:
+    """Why the cost model leaves a planned region to XLA, or None to stitch it. `forced` (a
+    min_gain_pct in JAXSTITCH_TUNE): the estimated speedup is the only test."""
+    if forced:
+        return None if est.speedup >= min_gain else (
+            f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA: below the {min_gain}x "
+            "asked for by JAXSTITCH_TUNE's min_gain_pct")
     reason = None
     if est.xla_kernels == 1 or est.speedup < min_gain:
         if idle is not None:
@@ -192,7 +198,8 @@ def _plan_tile(region: Region, target: Target, tuning: mapping_mod.Tuning, relax
     if relaxed:
         kernel = dataclasses.replace(kernel, mapping=dataclasses.replace(kernel.mapping, min_blocks=1))
     est = tile.estimate(kernel, target)
-    return RegionPlan(region, kernel, est, _decline_reason(region, est, min_gain(tuning), None))
+    return RegionPlan(region, kernel, est, _decline_reason(region, est, min_gain(tuning), None,
+                                                            tuning.min_gain_pct is not None))
 
 
 def min_gain(tuning: mapping_mod.Tuning) -> float:
