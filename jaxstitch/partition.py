@@ -155,7 +155,7 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
             node_of_value[o.id] = joined
             if is_epi:
                 epilogue.add(o.id)
-            if (op.prim in opdefs.REDUCTIONS and not opdefs.is_layout(op)) or (opdefs.is_layout(op) and set(vals) & reduced):
+            if (set(vals) & reduced) if opdefs.is_layout(op) else op.prim in opdefs.REDUCTIONS:
                 reduced.add(o.id)
 
     if fits is not None and not cuts.at_reduced:

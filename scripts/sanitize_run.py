@@ -5,9 +5,10 @@ compute-sanitizer, whose memcheck / racecheck / synccheck then see every kind of
     compute-sanitizer --tool racecheck --kernel-name kns=jaxstitch_kernel python3 scripts/sanitize_run.py [START:STOP]
 
 Regions are stitched even where the cost model would leave them to XLA, except in the optimizer
-update, whose chains are launched together (remote stitching) only because each alone is left to
-XLA; the extra few-rows shapes run with task splitting on (rows split over blocks, grid barriers). Exit status 1 if a result
-differs from jax.jit (the sanitizer's own findings are in its report).
+update, whose chains are launched together (remote stitching) only because each alone is left
+to XLA; the extra few-rows shapes run with task splitting on (rows split over blocks, grid
+barriers). Exit status 1 if a result differs from jax.jit (the sanitizer's own findings are in its
+report).
 """
 import contextlib
 import os

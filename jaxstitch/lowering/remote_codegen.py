@@ -26,15 +26,12 @@ class _Body:
         self.uniform: set[int] = {v.id for v in region.inputs if v.size == 1}
         for op in region.ops:
             args = [a for a in op.inputs if isinstance(a, ir.Value)]
-            if all(self.root_uniform(a) for a in args):
+            if all(a.id in self.uniform for a in args):
                 self.uniform.update(o.id for o in op.outputs)
             if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Value):
                 self.alias[op.outputs[0].id] = self.name(op.inputs[0])
             elif opdefs.is_layout(op):
                 self.alias[op.outputs[0].id] = literal(op.inputs[0].value, op.outputs[0].dtype)
-
-    def root_uniform(self, v: ir.Value) -> bool:
-        return v.id in self.uniform
 
     def name(self, v: ir.Value) -> str:
         return self.alias.get(v.id, f"v{v.id}")

@@ -71,7 +71,10 @@ class RemotePlan:
     bodies: tuple[Region, ...]      # one representative member per op structure
     mapping: RemoteMapping
     workspace_bytes: int = 0
-    scheme: str = "remote"
+
+    @property
+    def scheme(self) -> str:
+        return "remote"
 
     @property
     def description(self) -> str:
