@@ -261,6 +261,20 @@ def test_ablation_knobs_cut_where_they_say(spec):
         assert online == (name == "xent_fwdbwd" and "online=0" not in spec)
 
 
+def test_remote_groups_split_at_the_parameter_table_size(monkeypatch):
+    """More buffers than one kernel's parameter table holds: several remote kernels, each within it."""
+    from jaxstitch.plan import remote
+
+    monkeypatch.setattr(remote, "MAX_BUFFERS", 7 * 10)
+    specs = jax.eval_shape(lambda k: WORKLOADS["adamw_bert"].make_inputs(k, jnp.float32, True), jax.random.key(0))
+    flat, tree = jax.tree.flatten((tuple(specs), {}))
+    program = pipeline.build(WORKLOADS["adamw_bert"].fn, flat, tree, jaxstitch.get_target("h100"), config.load())
+    kernels = [c for c in program.regions if c.stitched]
+    # a chain's 9 buffers (p, g, m, v, the two bias corrections; p, m, v out): 7 chains a kernel
+    assert len(kernels) == 6 and sum(len(c.plan.kernel.members) for c in kernels) == 39
+    assert all(len(c.plan.region.inputs) + len(c.plan.region.outputs) <= 70 for c in kernels)
+
+
 def _two_layers(x, y, w):
     a = jnp.tanh(x) * 2.0 + 1.0       # depth 1
     b = a @ w                         # left to XLA
