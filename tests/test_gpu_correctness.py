@@ -11,6 +11,7 @@ bits every time (a moving result is a race). JAXSTITCH_GPU_EXAMPLES sets the num
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -363,24 +364,42 @@ def test_size1_reduction_output_is_written():
 # random region graphs
 # ----------------------------------------------------------------------------------------------------
 
-@settings(max_examples=int(os.environ.get("JAXSTITCH_GPU_EXAMPLES", "40")), deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large])
-@given(region_graphs(max_elems=1 << 20, exclude=KNOWN_WRONG_RESULT_FEATURES))
-def test_random_graphs_match_xla(example):
-    """Random graphs with every plannable region stitched (most are small one-pass regions the cost
-    model would leave to XLA, which would test nothing of ours)."""
+GRAPH_SETTINGS = dict(max_examples=int(os.environ.get("JAXSTITCH_GPU_EXAMPLES", "40")), deadline=None,
+                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                             HealthCheck.data_too_large])
+
+
+def check_random_graph(example, forced: bool):
     fn, specs, seed = example
     args = random_inputs(specs, seed)
     what = f"{fn!r}\n(input seed {seed})"
     want = jax.block_until_ready(jax.jit(fn)(*args))
     scale = jax.jit(fn.abs_variant())(*args)
-    with force_stitching():
-        event(f"stitched kernels: {jaxstitch.explain(fn, *specs).stitched_kernels}")
+    with force_stitching() if forced else contextlib.nullcontext():
+        report = jaxstitch.explain(fn, *specs)
+        event(f"stitched kernels: {report.stitched_kernels}")
+        event(f"remote kernels: {sum(r.stitched and r.scheme == 'remote' for r in report.regions)}")
         _, got = run_stitched(fn, args, what)
     lw, lg, ls = jax.tree.leaves(want), jax.tree.leaves(got), jax.tree.leaves(scale)
     assert len(lw) == len(lg)
     for i, (a, b, s) in enumerate(zip(lg, lw, ls)):
         compare(a, b, f"{what} output {i}", scale_ref=s, lossy=fn.lossy_dtype, slack=fn.out_err[i])
+
+
+@settings(**GRAPH_SETTINGS)
+@given(region_graphs(max_elems=1 << 20, exclude=KNOWN_WRONG_RESULT_FEATURES))
+def test_random_graphs_match_xla(example):
+    """Random graphs with every plannable region stitched (most are small one-pass regions the cost
+    model would leave to XLA, which would test nothing of ours)."""
+    check_random_graph(example, forced=True)
+
+
+@settings(**GRAPH_SETTINGS)
+@given(region_graphs(max_elems=1 << 20, exclude=KNOWN_WRONG_RESULT_FEATURES))
+def test_random_graphs_as_planned_match_xla(example):
+    """The same graphs as the cost model plans them: the one-pass regions it leaves to XLA are where
+    remote stitching launches independent ones together."""
+    check_random_graph(example, forced=False)
 
 
 def grid_sums_broadcast(x):

@@ -561,7 +561,7 @@ def _check_report_regions(report):
     for r in report.regions:
         if r.stitched:
             assert isinstance(r.cache_key, str) and re.fullmatch(r"[0-9a-f]{64}", r.cache_key), text
-            assert r.kernels == 1 and r.mapping and r.scheme in ("local", "regional", "global"), text
+            assert r.kernels == 1 and r.mapping and r.scheme in ("local", "regional", "global", "remote"), text
         else:
             assert isinstance(r.reason, str) and r.reason.strip(), f"region {r.index} has no reason\n{text}"
             assert not r.reason.startswith(("NVRTC", "codegen")), f"region {r.index}: {r.reason}\n{text}"
