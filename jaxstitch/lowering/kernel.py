@@ -7,6 +7,7 @@ emit nothing: their result is another name for the operand.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 from importlib import resources
 
@@ -49,6 +50,15 @@ class Writer:
 
     def text(self) -> str:
         return "\n".join(self.lines)
+
+    @contextlib.contextmanager
+    def block(self, head: str):
+        """`head` (ending in an opening brace), the lines written inside indented, a closing brace."""
+        self(head)
+        self.indent += 1
+        yield
+        self.indent -= 1
+        self("}")
 
 
 class Kernel:

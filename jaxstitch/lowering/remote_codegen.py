@@ -87,30 +87,15 @@ class _Body:
 def _case(index: int, region: Region) -> str:
     body = _Body(region)
     w = Writer(2)
-    w(f"case {index}: {{")
-    w.indent += 1
-    w(f"const unsigned short* buf = js_buf{index}[js_slot[m]];")
-    body.prologue(w)
-    w("for (long long i = start + (long long)threadIdx.x * V; i < end; i += (long long)BLOCK * V) {")
-    w.indent += 1
-    w("if (i + V <= end) {")
-    w.indent += 1
-    body.elements(w, "V", "i")
-    w.indent -= 1
-    w("} else {")
-    w.indent += 1
-    w("for (long long j = i; j < end; ++j) {")
-    w.indent += 1
-    body.elements(w, "1", "j")
-    w.indent -= 1
-    w("}")
-    w.indent -= 1
-    w("}")
-    w.indent -= 1
-    w("}")
-    w("break;")
-    w.indent -= 1
-    w("}")
+    with w.block(f"case {index}: {{"):
+        w(f"const unsigned short* buf = js_buf{index}[js_slot[m]];")
+        body.prologue(w)
+        with w.block("for (long long i = start + (long long)threadIdx.x * V; i < end; i += (long long)BLOCK * V) {"):
+            with w.block("if (i + V <= end) {"):
+                body.elements(w, "V", "i")
+            with w.block("else for (long long j = i; j < end; ++j) {  // the member's ragged end"):
+                body.elements(w, "1", "j")
+        w("break;")
     return w.text()
 
 
