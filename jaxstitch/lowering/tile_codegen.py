@@ -174,38 +174,29 @@ def _fold(em: _Emitter, w: Writer, reds, loop_head: str, first: str = "", stores
 def _along_b(em: _Emitter, w: Writer, step: T.TileStep):
     """For each a, a group of GROUP lanes reduces over b (shuffles inside the group)."""
     reds = [(op, *_reduce(op)) for op in step.ops]
-    w("for (int a0 = 0; a0 < TA; a0 += BLOCK / GROUP) {  // the same trip count in every lane")
-    inner = Writer(w.indent + 1)
-    inner("const int a = a0 + tid / GROUP;")
-    _fold(em, inner, reds, "if (a < TA) for (int b = tid % GROUP; b < TB; b += GROUP)")
-    for op, ct, fn, ident in reds:
-        inner(f"acc{op.outputs[0].id} = js_group_reduce<GROUP>(acc{op.outputs[0].id}, {fn});")
-    inner("if (a < TA && tid % GROUP == 0) {")
-    done = Writer(inner.indent + 1)
-    for op, ct, fn, ident in reds:
-        out = op.outputs[0]
-        done(f"sm{out.id}[a] = acc{out.id};")
-        for j, o in em.stores_of(out.id):
-            em.store(done, j, o, f"acc{out.id}")
-    inner.lines.extend(done.lines)
-    inner("}")
-    w.lines.extend(inner.lines)
-    w("}")
+    with w.block("for (int a0 = 0; a0 < TA; a0 += BLOCK / GROUP) {  // the same trip count in every lane"):
+        w("const int a = a0 + tid / GROUP;")
+        _fold(em, w, reds, "if (a < TA) for (int b = tid % GROUP; b < TB; b += GROUP)")
+        for op, ct, fn, ident in reds:
+            w(f"acc{op.outputs[0].id} = js_group_reduce<GROUP>(acc{op.outputs[0].id}, {fn});")
+        with w.block("if (a < TA && tid % GROUP == 0) {"):
+            for op, ct, fn, ident in reds:
+                out = op.outputs[0]
+                w(f"sm{out.id}[a] = acc{out.id};")
+                for j, o in em.stores_of(out.id):
+                    em.store(w, j, o, f"acc{out.id}")
 
 
 def _along_a(em: _Emitter, w: Writer, step: T.TileStep):
     """For each b, SLICES consecutive-thread slices each reduce every SLICES-th a; partials per slice,
     combined in MAP_B (in slice order)."""
     reds = [(op, *_reduce(op)) for op in step.ops]
-    w("for (int t = tid; t < SLICES * TB; t += BLOCK) {")
-    inner = Writer(w.indent + 1)
-    inner("const int b = t % TB, s = t / TB;")
-    _fold(em, inner, reds, "for (int a = s; a < TA; a += SLICES)")
-    for op, ct, fn, ident in reds:
-        out = op.outputs[0]
-        inner(f"reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})[t] = acc{out.id};")
-    w.lines.extend(inner.lines)
-    w("}")
+    with w.block("for (int t = tid; t < SLICES * TB; t += BLOCK) {"):
+        w("const int b = t % TB, s = t / TB;")
+        _fold(em, w, reds, "for (int a = s; a < TA; a += SLICES)")
+        for op, ct, fn, ident in reds:
+            out = op.outputs[0]
+            w(f"reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})[t] = acc{out.id};")
 
 
 def _map(em: _Emitter, w: Writer, step: T.TileStep, axis: str):
