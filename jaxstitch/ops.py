@@ -22,6 +22,9 @@ ELEMENTWISE = UNARY | BINARY | TERNARY
 # Ops that compute nothing: they only say how an operand's elements spread over the output.
 LAYOUT = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims"})
 SOURCES = frozenset({"iota"})
+# Ops that read other elements' values: a kernel computes their operands again where they are read
+# (plan/views.py), as XLA's loop fusion does.
+VIEWS = frozenset({"slice", "split", "pad", "concatenate", "rev", "transpose", "dynamic_slice"})
 REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin"})
 EXPENSIVE = frozenset({"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "erf", "erfc",
                        "erf_inv", "pow", "sin", "cos", "tan", "atan2", "cbrt"})
@@ -35,7 +38,7 @@ def unsupported_reason(op: ir.Op) -> str | None:
     prim = op.prim
     if prim in COMPUTE_BOUND:
         return f"{prim} is compute-intensive (left to XLA/cuBLAS)"
-    if prim not in ELEMENTWISE | LAYOUT | SOURCES | REDUCTIONS:
+    if prim not in ELEMENTWISE | LAYOUT | SOURCES | REDUCTIONS | VIEWS:
         return f"{prim} is not a stitchable primitive"
     for v in list(op.inputs) + list(op.outputs):
         if v.dtype not in ir.SUPPORTED_DTYPES:
@@ -44,6 +47,10 @@ def unsupported_reason(op: ir.Op) -> str | None:
         return f"{prim} has an empty output"
     if prim == "reshape" and op.param("dimensions") is not None:
         return "reshape with a dimension permutation moves data"
+    if prim == "pad" and any(interior for _, _, interior in op.param("padding_config", ())):
+        return "pad with interior padding"
+    if prim == "dynamic_slice" and any(a.dtype != "int32" for a in op.inputs[1:]):
+        return "dynamic_slice with start indices that are not int32"
     if prim in ("argmax", "argmin") and reduce_kind(op) != "row":
         return f"{prim} is stitched only along the last axes"
     return None

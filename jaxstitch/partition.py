@@ -79,11 +79,26 @@ class Nodes:
             stack.extend(self.find(d) for d in self.deps[n])
         return False
 
+    def can_merge_all(self, members) -> bool:
+        """Whether merging all of `members` is safe: no path leaves them and comes back."""
+        inside = {self.find(m) for m in members}
+        stack = [self.find(d) for m in inside for d in self.deps[m] if self.find(d) not in inside]
+        seen = set()
+        while stack:
+            n = stack.pop()
+            if n in inside:
+                return False
+            if n not in seen:
+                seen.add(n)
+                stack.extend(self.find(d) for d in self.deps[n])
+        return True
+
     def can_merge(self, a, b) -> bool:
         """Merging is safe unless one reaches the other through a third node."""
         a, b = self.find(a), self.find(b)
-        via_b = [d for d in self.deps[b] if self.find(d) != a]
-        via_a = [d for d in self.deps[a] if self.find(d) != b]
+        # (a dependency recorded before a union may name either node itself)
+        via_b = [d for d in self.deps[b] if self.find(d) not in (a, b)]
+        via_a = [d for d in self.deps[a] if self.find(d) not in (a, b)]
         return not self.reaches(via_b, a) and not self.reaches(via_a, b)
 
 
@@ -95,7 +110,7 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
     epilogue: set[int] = set()
     shapes: dict[int, set[tuple[int, ...]]] = {}  # per region, the array shapes its ops touch
     consumers = _consumers(graph)
-    cut: set[int] = set()  # ops of regions that refused an op, and the refused ops (see Region.cut)
+    cut: list[tuple[frozenset[int], int]] = []  # (a region's ops, an op it refused): see Region.cut
     unsupported = []
 
     for op in graph.ops:
@@ -133,8 +148,8 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
             if nodes.reaches(others, r):
                 continue
             if fits is not None and not _still_fits(graph, consumers, region_ops, shapes, r, joined, op, fits):
-                cut.update(o.index for o in region_ops[r])
-                cut.add(op.index)
+                if op.prim not in opdefs.VIEWS:  # (a data move no kernel of ours holds: XLA's own too)
+                    cut.append((frozenset(o.index for o in region_ops[r]), op.index))
                 continue
             if joined is None:
                 joined = r
@@ -162,6 +177,7 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
         if cuts.at_grid:  # column reductions merge with each other, not with row work
             fits = _grid_apart(fits)
         _merge_siblings(graph, consumers, nodes, region_ops, fits)
+        _merge_across_views(graph, consumers, nodes, region_ops, fits)
     return Partition(_collect(graph, consumers, region_ops, cut), tuple(unsupported))
 
 
@@ -231,6 +247,51 @@ def _merge_siblings(graph, consumers: dict[int, set[int]], nodes: Nodes, region_
                 region_ops[root] = merged
 
 
+def _merge_across_views(graph, consumers: dict[int, set[int]], nodes: Nodes, region_ops: dict, fits):
+    """Merge regions linked through a data-moving op. Greedy growth cannot take `x[..., :h]` into the
+    region that made x: alone, the slice's result has a shape of its own. Its consumers bring the
+    data back to the row space (a rotary embedding's concatenate; a gradient's pad), so the regions
+    merge once the chain is whole, in one kernel that reads x again where it is needed
+    (plan/views.py). First each group of regions connected through such links (a rotary embedding
+    with its norm and its gradient), whole; then, where a group is not one kernel, pairs. Regions
+    holding a grid reduction are not merged into their readers (its result exists only at their
+    kernel's end)."""
+    def links():
+        made_by = {o.id: root for root, rops in region_ops.items() for op in rops for o in op.outputs}
+        moving = {root for root, rops in region_ops.items() if any(op.prim in opdefs.VIEWS for op in rops)}
+        for root in sorted(region_ops):
+            sources = {made_by[a.id] for op in region_ops[root] for a in op.inputs
+                       if isinstance(a, ir.Value) and a.id in made_by} - {root}
+            for src in sorted(sources):
+                if (src in moving or root in moving) and not any(
+                        opdefs.is_grid_reduction(op) for op in region_ops[src]):
+                    yield src, root
+
+    def merge(members) -> bool:
+        merged = sorted((op for m in members for op in region_ops[m]), key=lambda op: op.index)
+        if not nodes.can_merge_all(members) or not fits(_make_region(graph, -1, merged, consumers)):
+            return False
+        for m in members:
+            del region_ops[m]
+        root = members[0]
+        for m in members[1:]:
+            root = nodes.union(root, m)
+        region_ops[root] = merged
+        return True
+
+    groups: dict = {r: {r} for r in region_ops}
+    for src, root in links():
+        union = groups[src] | groups[root]
+        for r in union:
+            groups[r] = union
+    for group in {id(g): g for g in groups.values()}.values():
+        if len(group) > 1:
+            merge(sorted(group))
+    changed = True
+    while changed:
+        changed = any(merge([src, root]) for src, root in links())
+
+
 def _consumers(graph: ir.Graph) -> dict[int, set[int]]:
     out: dict[int, set[int]] = {}
     for op in graph.ops:
@@ -256,8 +317,15 @@ def _make_region(graph: ir.Graph, rid: int, rops: list[ir.Op], consumers: dict[i
     return Region(rid, tuple(rops), tuple(inputs), tuple(outputs), cut)
 
 
-def _collect(graph: ir.Graph, consumers: dict[int, set[int]], region_ops: dict, cut: set[int]) -> tuple[Region, ...]:
+def _collect(graph: ir.Graph, consumers: dict[int, set[int]], region_ops: dict,
+             cut: list[tuple[frozenset[int], int]]) -> tuple[Region, ...]:
+    """The regions in program order; a region is cut where it holds a refusing region's ops or a
+    refused op but not both (merged later, they are one kernel after all)."""
     ordered = sorted(region_ops.values(), key=lambda rops: min(op.index for op in rops))
+
+    def is_cut(members: set[int]) -> bool:
+        return any((bool(ops & members) or op in members) and not (ops <= members and op in members)
+                   for ops, op in cut)
     return tuple(_make_region(graph, i, sorted(rops, key=lambda op: op.index), consumers,
-                              any(op.index in cut for op in rops))
+                              is_cut({op.index for op in rops}))
                  for i, rops in enumerate(ordered))

@@ -12,7 +12,7 @@ from .lowering import codegen
 from .ops import COMPUTE_BOUND
 from .plan import RegionPlan, Unplannable, plan_region
 from .plan.planner import min_gain
-from .plan import remote, tile
+from .plan import remote, tile, views
 from .plan.layout import place
 from .targets import TARGETS, Target
 
@@ -98,7 +98,7 @@ def _fits_one_kernel(region) -> bool:
     """Whether one kernel can hold the region: in a row space, or as a batch of tiles (whose
     schedule does not depend on the GPU; the target here only sizes its launch)."""
     try:
-        place(region)
+        place(views.sink(region))
         return True
     except Unplannable:
         pass

@@ -56,6 +56,9 @@ def _hashable_params(params: dict) -> tuple[tuple[str, Any], ...]:
             out.append((key, val))
         elif isinstance(val, (tuple, list)) and all(isinstance(v, (int, np.integer)) for v in val):
             out.append((key, tuple(int(v) for v in val)))
+        elif isinstance(val, (tuple, list)) and all(
+                isinstance(t, (tuple, list)) and all(isinstance(v, (int, np.integer)) for v in t) for t in val):
+            out.append((key, tuple(tuple(int(v) for v in t) for t in val)))  # pad's padding_config
         elif isinstance(val, np.dtype) or (isinstance(val, type) and issubclass(val, np.generic)):
             out.append((key, _dtype_name(val)))
         elif hasattr(val, "dtype") and hasattr(val, "itemsize") and not hasattr(val, "shape"):

@@ -13,7 +13,7 @@ from importlib import resources
 
 from .. import ir, ops as opdefs
 from ..plan import KernelPlan
-from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR
+from ..plan.layout import COL, EPILOGUE, FULL, GATHER, ROW, SCALAR, row_axes
 from .cuda_ops import CTYPE, EXPR, STYPE, literal
 
 KERNEL_NAME = "jaxstitch_kernel"
@@ -127,7 +127,8 @@ class Kernel:
         if key not in self.copies:
             name = f"v{root}_p{self.phase}"
             op = self.def_op[root]
-            (self.iota if op.prim == "iota" else self.elementwise)(self.writer, op, name)
+            emit = {"iota": self.iota, GATHER: self.gather}.get(op.prim, self.elementwise)
+            emit(self.writer, op, name)
             self.copies[key] = name
         return self.copies[key]
 
@@ -242,6 +243,51 @@ class Kernel:
         else:
             w(f"const int {name} = 0;")
 
+    def gather(self, w: Writer, op: ir.Op, name: str | None = None):
+        """Load an input at the indices of a view (plan/views.py): row axes indexed by `row`, column
+        axes by each element's column. 16-byte loads where the columns are contiguous and every
+        row's first element is aligned to a vector; element loads otherwise."""
+        out, src = op.outputs[0], op.inputs[0]
+        if name is None:
+            name = f"v{out.id}"
+            self.remember(op)
+        view, storage = op.param("view"), self.placed(out).storage
+        st, ct, ptr = STYPE[src.dtype], self.ctype(out), f"in{self.inputs[src.id]}"
+        dims = list(zip(view.shape, view.strides))
+        j = row_axes(view.shape, self.m.n_rows) if storage == FULL else (len(dims) if storage == ROW else 0)
+        base = [str(view.offset)] if view.offset else []
+        for a, limit, stride in zip(op.inputs[1:], view.dyn_limits, view.dyn_strides):
+            base.append(f"(long long)min(max((int){self.ref(a)}, 0), {limit}) * ({stride}LL)")
+        if j:
+            base.append(_affine(dims[:j], "row"))
+        base_expr = " + ".join(base) or "0"
+
+        def load(index: str) -> str:
+            if not view.exact:
+                index = f"min(max({index}, 0LL), {view.size - 1}LL)"
+            return f"js_io<{st}>::get({ptr}[{index}])"
+
+        if storage == SCALAR:
+            w(f"const {ct} {name} = {load(base_expr)};")
+            return
+        if storage == ROW:
+            w(f"const {ct} {name} = row_ok ? {load(base_expr)} : ({ct})0;")
+            return
+        row_ok = "row_ok && " if storage == FULL else ""
+        w(f"const long long {name}_at = {base_expr};")
+        w(f"{ct} {name}[E];")
+        w("#pragma unroll")
+        w("for (int k = 0; k < VPT; ++k) {")
+        w(f"  const int col0 = {vec_col('k')};")
+        if _vector_readable(view, dims[j:], dims[:j], self.m.vec):
+            w(f"  if ({row_ok}col0 < ROW_COLS) js_load<{st}, V>({ptr} + {name}_at + ROW_C0 + col0, &{name}[k * V]);")
+            w(f"  else for (int i = 0; i < V; ++i) {name}[k * V + i] = ({ct})0;")
+        else:
+            index = f"{name}_at + {_affine(dims[j:], '(ROW_C0 + col0 + i)')}"
+            w("  #pragma unroll")
+            w(f"  for (int i = 0; i < V; ++i) {name}[k * V + i] = {row_ok}col0 < ROW_COLS ? {load(index)} : ({ct})0;")
+        w("}")
+
     def emit_op(self, w: Writer, op: ir.Op):
         if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Const):
             out = op.outputs[0]
@@ -250,6 +296,8 @@ class Kernel:
             self.alias[op.outputs[0].id] = self.root(op.inputs[0].id)
         elif op.prim == "iota":
             self.iota(w, op)
+        elif op.prim == GATHER:
+            self.gather(w, op)
         else:
             self.elementwise(w, op)
 
@@ -322,3 +370,33 @@ class Kernel:
                 w("}")
             elif where == "prologue" and p.declared == SCALAR:
                 w(f"if (blockIdx.x == 0 && tid == 0) out{j}[0] = js_io<{st}>::put({self.ref(o, '0')});")
+
+
+def _affine(dims, var: str) -> str:
+    """sum over `dims` (size, stride) of the index along each times its stride, for the flat index
+    `var` of their row-major space (a long long expression)."""
+    terms, inner = [], 1
+    total = 1
+    for size, _ in dims:
+        total *= size
+    for size, stride in reversed(dims):
+        if size > 1 and stride:
+            idx = f"(long long)({var})" if inner == 1 else f"((long long)({var}) / {inner})"
+            if inner * size < total:
+                idx = f"({idx} % {size})"
+            terms.append(f"{idx} * ({stride}LL)")
+        inner *= size
+    return "(" + (" + ".join(terms) or "0LL") + ")"
+
+
+def _vector_readable(view, col_dims, row_dims, vec: int) -> bool:
+    """Whether a gather's columns are one contiguous run whose every row starts on a vector."""
+    if not view.exact or view.dyn_strides or view.offset % vec or any(s % vec for n, s in row_dims if n > 1):
+        return False
+    expect = 1
+    for size, stride in reversed(col_dims):
+        if size > 1:
+            if stride != expect:
+                return False
+            expect *= size
+    return True

@@ -57,14 +57,15 @@ def _nbytes(p, layout: Layout) -> int:
 
 def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
              target: Target, rereads: bool = False, busy_sms: int | None = None,
-             split_rounds: int = 0) -> Estimate:
+             split_rounds: int = 0, gathered_bytes: int = 0) -> Estimate:
     """`rereads`: phases after the first read their row inputs again from global memory (L2);
     `busy_sms`: the SMs our grid occupies (fewer than the target has when there are few rows);
     `split_rounds`: rounds of (row, slice) tasks when rows are split over blocks, each crossing a
-    grid barrier per row reduction level."""
+    grid barrier per row reduction level; `gathered_bytes`: what gathers read of inputs not in
+    `inputs` (plan/views.py)."""
     bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
     io = [layout.of(v) for v in inputs] + [layout.of(v) for v in outputs]
-    must_move = sum(_nbytes(p, layout) for p in io)
+    must_move = sum(_nbytes(p, layout) for p in io) + gathered_bytes
     efficiency = SPLIT_EFFICIENCY if split_rounds else OUR_EFFICIENCY
     ours = (must_move + 2 * workspace_bytes) / (bw * efficiency) + target.launch_us
     full_in = sum(_nbytes(layout.of(v), layout) for v in inputs if layout.of(v).declared == FULL)

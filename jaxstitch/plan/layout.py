@@ -14,6 +14,9 @@ from .. import ir, ops as opdefs
 from ..partition import Region
 
 SCALAR, ROW, COL, FULL = "scalar", "row", "col", "full"
+# An input read only through gathers (plan/views.py): it stays in global memory, in any shape.
+MEMORY = "memory"
+GATHER = "gather"
 EPILOGUE = -1  # level of values that exist only after the grid-wide reduction
 
 
@@ -56,8 +59,16 @@ class Layout:
         return max((p.level for p in self.values), default=0)
 
 
+def gathered_only(region: Region) -> frozenset[int]:
+    """Ids of the inputs the region reads only through gathers."""
+    direct = {a.id for op in region.ops for i, a in enumerate(op.inputs)
+              if isinstance(a, ir.Value) and not (op.prim == GATHER and i == 0)}
+    return frozenset(v.id for v in region.inputs if v.id not in direct)
+
+
 def row_space(region: Region) -> tuple[int, int]:
-    """(N, C): from the row reductions if any, else a column reduction, else the largest value."""
+    """(N, C): from the row reductions if any, else a column reduction, else the largest value (of
+    those the kernel holds: not inputs read only through gathers)."""
     shapes = set()
     for op in region.ops:
         if op.prim in opdefs.REDUCTIONS and opdefs.reduce_kind(op) == "row":
@@ -74,13 +85,15 @@ def row_space(region: Region) -> tuple[int, int]:
             if reduced != math.prod(s):
                 return reduced, math.prod(s) // reduced
     big = max((o for op in region.ops for o in op.outputs), key=lambda v: v.size)
-    biggest = max([big] + list(region.inputs), key=lambda v: v.size)
+    memory = gathered_only(region)
+    biggest = max([big] + [v for v in region.inputs if v.id not in memory], key=lambda v: v.size)
     shape = biggest.shape or (1,)
     return math.prod(shape[:-1]), shape[-1]
 
 
-def _split(shape, n_rows) -> int:
-    """Index j where shape[:j] spans the rows (the first such j)."""
+def row_axes(shape, n_rows) -> int:
+    """Index j where shape[:j] spans the rows (the first such j): the row and column axes of a full
+    value."""
     prod = 1
     for j, d in enumerate(shape):
         if prod == n_rows:
@@ -116,7 +129,11 @@ def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
     n, c = row_space(region)
     placed: dict[int, Placed] = {}
     hints = _input_hints(region, n, c)
+    memory = gathered_only(region)
     for v in region.inputs:
+        if v.id in memory:
+            placed[v.id] = Placed(v, MEMORY, MEMORY, 0)
+            continue
         d = _declared(v, n, c, hints.get(v.id))
         placed[v.id] = Placed(v, d, d, 0)
 
@@ -144,6 +161,9 @@ def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
             placed[out.id] = Placed(out, decl, src.storage, level)
         elif op.prim == "iota":
             placed[out.id] = _place_iota(op, n, c)
+        elif op.prim == GATHER:  # a load at computed indices: its kind is its shape's
+            decl = _declared(out, n, c, hints.get(out.id))
+            placed[out.id] = Placed(out, decl, decl, max((p.level for p in vals[1:]), default=0))
         elif op.prim in opdefs.REDUCTIONS:
             placed[out.id] = _place_reduction(op, ins[0], n, c)
             if out.id in online_sums:
@@ -172,7 +192,7 @@ def _input_hints(region: Region, n: int, c: int) -> dict[int, str]:
         out = op.outputs[0]
         operands = [a for a in op.inputs if isinstance(a, ir.Value) and a.size not in (1, n * c)]
         if out.size == n * c and (op.prim == "broadcast_in_dim" or op.prim in opdefs.ELEMENTWISE):
-            j = _split(out.shape, n)
+            j = row_axes(out.shape, n)
             for a in operands:
                 if op.prim == "broadcast_in_dim":
                     dims = [d for i, d in enumerate(op.param("broadcast_dimensions")) if a.shape[i] != 1]
@@ -190,7 +210,7 @@ def _input_hints(region: Region, n: int, c: int) -> dict[int, str]:
 
 def _check_broadcast(op: ir.Op, src: Placed, n: int):
     out = op.outputs[0]
-    j = _split(out.shape, n)
+    j = row_axes(out.shape, n)
     dims = [d for i, d in enumerate(op.param("broadcast_dimensions")) if src.value.shape[i] != 1]
     if src.declared == ROW and not all(d < j for d in dims):
         raise Unplannable(f"broadcast of a row value {src.value.shape} into columns {out.shape}")
@@ -203,7 +223,7 @@ def _place_iota(op: ir.Op, n: int, c: int) -> Placed:
     decl = _declared(out, n, c, COL)
     shape, dim = out.shape, op.param("dimension")
     if decl == FULL:
-        j = _split(shape, n)
+        j = row_axes(shape, n)
         part = shape[j:] if dim >= j else shape[:j]
         local = dim - j if dim >= j else dim
         storage = COL if dim >= j else ROW

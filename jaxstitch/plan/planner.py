@@ -6,8 +6,8 @@ import dataclasses
 from .. import ops as opdefs
 from ..partition import Region
 from ..targets import Target
-from . import cost, mapping as mapping_mod, tile
-from .layout import COL, FULL, Layout, Unplannable, place
+from . import cost, mapping as mapping_mod, tile, views
+from .layout import COL, FULL, GATHER, MEMORY, Layout, Unplannable, place
 from .mapping import Mapping
 from .online import OnlineSum, find_online_sums
 
@@ -89,7 +89,20 @@ def _live_arrays(region: Region, layout: Layout) -> int:
     for op in region.ops:
         if opdefs.is_grid_reduction(op) and layout.of(op.outputs[0]).declared == COL:
             count += 1
+        elif op.prim == GATHER and layout.of(op.outputs[0]).storage in (FULL, COL):
+            count += 1
     return count
+
+
+def _gathered_bytes(region: Region, layout: Layout) -> int:
+    """Bytes the kernel's gathers read from inputs it does not also read directly: each such input's
+    gathered elements, at most its size (gathers of the same rows meet in L1 and L2)."""
+    per_input: dict = {}
+    for op in region.ops:
+        if op.prim == GATHER and layout.of(op.inputs[0]).storage == MEMORY:
+            src = op.inputs[0]
+            per_input[src] = min(src.nbytes, per_input.get(src, 0) + op.outputs[0].nbytes)
+    return sum(per_input.values())
 
 
 HALF_TYPES = ("bfloat16", "float16")
@@ -110,11 +123,16 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     """`tuning` overrides the mapping heuristics (`tuning.max_tpr` caps threads per row); `relaxed`
     drops the register cap of the launch bounds: a mapping whose kernel spills is planned again with
     more registers per thread, see pipeline.compile_region."""
+    original = region
+    try:
+        region = views.sink(region)
+    except Unplannable as e:
+        return RegionPlan(original, None, None, str(e))
     online = find_online_sums(region.ops) if tuning.online else ()
     try:
         layout = place(region, frozenset(o.sum_id for o in online))
     except Unplannable as e:
-        return _plan_tile(region, target, tuning, relaxed, str(e))
+        return _plan_tile(original, target, tuning, relaxed, str(e))
     try:
         grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
         if any(op.prim in ("argmax", "argmin") for op in grid_ops):
@@ -146,10 +164,11 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits), online,
                             bool(tuning.fast_exp) and fast_exp(region))
     except Unplannable as e:
-        return RegionPlan(region, None, None, str(e))
+        return RegionPlan(original, None, None, str(e))
     busy_sms = min(target.sm_count, mp.grid)
     split_rounds = -(-mp.n_rows * mp.splits // mp.grid) if mp.splits > 1 else 0
-    est = cost.estimate(layout, region.inputs, region.outputs, len(grid_ops), ws, target,
+    est = cost.estimate(layout, [v for v in region.inputs if layout.of(v).storage != MEMORY], region.outputs,
+                        len(grid_ops), ws, target, gathered_bytes=_gathered_bytes(region, layout),
                         rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms, split_rounds=split_rounds)
     gain = min_gain(tuning)
     idle = None
@@ -157,7 +176,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         idle = (f"only {busy_sms} of {target.sm_count} SMs would have work ({mp.n_rows} rows, "
                 f"{mp.rows_per_block} per block{', ' + str(mp.splits) + ' blocks per row' if mp.splits > 1 else ''}): "
                 f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
-    return RegionPlan(region, kernel, est, _decline_reason(region, est, gain, idle, tuning.min_gain_pct is not None))
+    return RegionPlan(original, kernel, est, _decline_reason(region, est, gain, idle, tuning.min_gain_pct is not None))
 
 
 def _decline_reason(region: Region, est: cost.Estimate, min_gain: float, idle: str | None,

@@ -256,6 +256,9 @@ def _reduced_axes(op: ir.Op, kinds: dict[int, str]) -> str:
 
 
 def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_exp: bool = False) -> TilePlan:
+    moves = sorted({op.prim for op in region.ops if op.prim in opdefs.VIEWS})
+    if moves:
+        raise Unplannable(f"{', '.join(moves)} in a tile (data-moving ops are planned in row spaces only)")
     shape, kinds, labels = label(region)
     n_rows, ta, tb = math.prod(shape[:-2]), shape[-2], shape[-1]
     alias = {}

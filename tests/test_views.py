@@ -1,0 +1,267 @@
+"""Data-moving ops in regions (plan/views.py), on the CPU: every region is rewritten to gathers of its
+inputs, and the rewritten ops, evaluated here with numpy, must give what the region's own equations
+give with XLA; the kernels compile with NVRTC where it is installed."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+import jaxstitch
+from jaxstitch import ir, partition as partition_mod, pipeline, trace as trace_mod
+from jaxstitch.plan import views
+from jaxstitch.plan.layout import Unplannable, place
+
+
+def rope(x, cos, sin):
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+
+
+def rms_rope(x, w, cos, sin):
+    """GPT-style: RMSNorm, heads, rotary embedding on each head's halves."""
+    y = x * lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * w
+    y = y.reshape(x.shape[0], 4, 32)
+    return rope(y, cos[:, None, :], sin[:, None, :])
+
+
+def rms_rope_grad(x, w, cos, sin):
+    return jax.grad(lambda *a: jnp.sum(rms_rope(*a) ** 2), argnums=(0, 1))(x, w, cos, sin)
+
+
+def softmax_of_slice(x):
+    return jax.nn.softmax(x[:, 3:67], -1)  # starts off a vector
+
+
+def strided_rev(x):
+    z = jnp.flip(x[:, ::2], -1)
+    return z - z.max(-1, keepdims=True)
+
+
+def padded_centering(x):
+    p = jnp.pad(x, ((0, 0), (2, 3)), constant_values=1.5)
+    return p - p.mean(-1, keepdims=True), lax.pad(x, 0.0, ((0, 0, 0), (-1, 2, 0)))[:, ::3].sum(-1)
+
+
+def three_pieces(x, y):
+    c = jnp.concatenate([x, jnp.exp(y), x * 2], -1)
+    return c / c.sum(-1, keepdims=True)
+
+
+def rows_stacked(x, y):
+    c = jnp.concatenate([x, y], 0)
+    return jax.nn.softmax(c, -1)
+
+
+def heads_transposed(x):  # [B, S, H, D] -> [B, H, S, D]: the minor axis stays
+    return jax.nn.softmax(jnp.transpose(x, (0, 2, 1, 3)) * 2, -1)
+
+
+def dynamic_window(x, i):
+    return jax.nn.softmax(lax.dynamic_slice(x, (i, 0), (8, 64)), -1), lax.dynamic_slice(x, (2, 1), (4, 60)).sum(-1)
+
+
+def merged_then_sliced(x):  # a reshape merging axes of a computed value, then a slice
+    return jnp.sum(jnp.tanh(x * 2).reshape(x.shape[0], -1)[:, 5:-3] ** 2, -1)
+
+
+def split_gates(g, h):  # a GRU cell's update from its gates
+    r, z, n = jnp.split(g, 3, axis=-1)
+    r, z = jax.nn.sigmoid(r), jax.nn.sigmoid(z)
+    n = jnp.tanh(n * r)
+    out = (1 - z) * n + z * h
+    return out, jnp.sum(out, -1)
+
+
+def f32(*shape):
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+CASES = {
+    "rms_rope": (rms_rope, (f32(64, 128), f32(128), f32(64, 16), f32(64, 16))),
+    "rms_rope_grad": (rms_rope_grad, (f32(64, 128), f32(128), f32(64, 16), f32(64, 16))),
+    "softmax_of_slice": (softmax_of_slice, (f32(32, 100),)),
+    "strided_rev": (strided_rev, (f32(16, 70),)),
+    "padded_centering": (padded_centering, (f32(16, 40),)),
+    "three_pieces": (three_pieces, (f32(8, 24), f32(8, 16))),
+    "rows_stacked": (rows_stacked, (f32(12, 64), f32(20, 64))),
+    "heads_transposed": (heads_transposed, (f32(2, 16, 4, 32),)),
+    "dynamic_window": (dynamic_window, (f32(24, 64), jax.ShapeDtypeStruct((), jnp.int32))),
+    "merged_then_sliced": (merged_then_sliced, (f32(8, 6, 10),)),
+    "split_gates": (split_gates, (f32(32, 96), f32(32, 32))),
+}
+
+
+def _random(specs, seed):
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in specs:
+        if s.dtype == jnp.int32:
+            out.append(np.int32(rng.integers(-3, 30)))  # dynamic offsets clamp at both ends
+        else:
+            out.append(rng.standard_normal(s.shape).astype(np.float32))
+    return out
+
+
+def _traced(fun, specs):
+    flat, tree = jax.tree_util.tree_flatten((tuple(specs), {}))
+    traced = trace_mod.trace(fun, flat, tree)
+    part = partition_mod.partition(traced.graph, fits=pipeline._fits_one_kernel)
+    return traced, part
+
+
+def _env(traced, args):
+    """Every value of the traced program, computed with XLA."""
+    env = dict(traced.consts)
+    for v, a in zip(traced.graph.inputs, args):
+        env[v.id] = a
+    for e in traced.eqns:
+        ins = [np.asarray(trace_mod.evaluate([], [], [], [a])[0]) if isinstance(a, ir.Const) else env[a.id]
+               for a in e.inputs]
+        for v, o in zip(e.outputs, trace_mod.bind_eqn(e, ins)):
+            env[v.id] = np.asarray(o)
+    return env
+
+
+def _gather(op, src, dyn):
+    view = op.param("view")
+    index = np.full(view.shape, view.offset, dtype=np.int64)
+    for d, stride in enumerate(view.strides):
+        shape = [1] * len(view.shape)
+        shape[d] = view.shape[d]
+        index = index + stride * np.arange(view.shape[d]).reshape(shape)
+    for x, limit, stride in zip(dyn, view.dyn_limits, view.dyn_strides):
+        index = index + int(np.clip(int(x), 0, limit)) * stride
+    flat = np.asarray(src).reshape(-1)
+    if view.exact:
+        assert index.min() >= 0 and index.max() < flat.size, "an exact view reads outside its source"
+    return flat[np.clip(index, 0, flat.size - 1)]
+
+
+def _new_op(op, ins):
+    """The ops sink makes that compute no traced op, with numpy."""
+    out = op.outputs[0]
+    p = op.prim
+    if p == views.GATHER:
+        return _gather(op, ins[0], ins[1:])
+    if p == "iota":
+        shape = [1] * len(out.shape)
+        shape[op.param("dimension")] = out.shape[op.param("dimension")]
+        return np.broadcast_to(np.arange(out.shape[op.param("dimension")], dtype=np.int32).reshape(shape), out.shape)
+    if p in ("broadcast_in_dim",):
+        x = np.asarray(ins[0])
+        dims = op.param("broadcast_dimensions")
+        shape = [1] * len(out.shape)
+        for i, d in enumerate(dims):
+            shape[d] = x.shape[i]
+        return np.broadcast_to(x.reshape(shape), out.shape).astype(jnp.dtype(out.dtype))
+    if p in ("reshape", "copy"):
+        return np.asarray(ins[0]).reshape(out.shape)
+    if p == "convert_element_type":
+        return np.asarray(ins[0]).astype(jnp.dtype(out.dtype))
+    fns = {"mul": np.multiply, "add": np.add, "lt": np.less, "ge": np.greater_equal, "and": np.logical_and,
+           "select_n": lambda pred, f, t: np.where(pred, t, f)}
+    return fns[p](*[np.asarray(x) for x in ins])
+
+
+def _evaluate_sunk(region, traced, env):
+    local = {v.id: env[v.id] for v in region.inputs}
+    for op in region.ops:
+        ins = [np.asarray(a.value, dtype=jnp.dtype(a.dtype)) if isinstance(a, ir.Const) else local[a.id]
+               for a in op.inputs]
+        if op.index == views.NEW:
+            outs = [_new_op(op, ins)]
+        else:  # a traced op (at other elements: its primitive, params and inputs of the new shape)
+            outs = trace_mod.bind_eqn(traced.eqns[op.index], ins)
+        for v, o in zip(op.outputs, outs):
+            local[v.id] = np.asarray(o)
+            assert local[v.id].shape == v.shape, (op.prim, local[v.id].shape, v.shape)
+    return [local[v.id] for v in region.outputs]
+
+
+def _sunk_regions(part):
+    out = []
+    for r in part.regions:
+        try:
+            out.append((r, views.sink(r)))
+        except Unplannable:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_sunk_regions_compute_what_the_region_does(name):
+    fun, specs = CASES[name]
+    traced, part = _traced(fun, specs)
+    moved = [r for r in part.regions if any(op.prim in views.opdefs.VIEWS for op in r.ops)]
+    assert moved, "no region holds a data-moving op"
+    for seed in range(3):
+        env = _env(traced, _random(specs, seed))
+        for region, sunk in _sunk_regions(part):
+            assert not any(op.prim in views.opdefs.VIEWS for op in sunk.ops)
+            assert sunk.inputs == region.inputs and sunk.outputs == region.outputs
+            for got, v in zip(_evaluate_sunk(sunk, traced, env), region.outputs):
+                np.testing.assert_allclose(got, env[v.id], rtol=1e-6, atol=1e-6, err_msg=f"{name}: value {v.id}")
+
+
+# Each case's data-moving ops end up in regions a row space holds (nothing left to XLA for them).
+ONE_KERNEL = ("rms_rope", "rms_rope_grad", "softmax_of_slice", "strided_rev", "padded_centering",
+              "three_pieces", "rows_stacked", "heads_transposed", "dynamic_window", "split_gates",
+              "merged_then_sliced")
+
+
+@pytest.mark.parametrize("name", ONE_KERNEL)
+def test_data_moving_ops_join_row_space_regions(name):
+    fun, specs = CASES[name]
+    _, part = _traced(fun, specs)
+    assert not [reason for _, reason in part.unsupported if "stitchable" in reason]
+    for r in part.regions:
+        place(views.sink(r))  # raises if not
+
+
+def test_rms_rope_forward_and_backward_are_one_kernel_each():
+    for fun in (rms_rope, rms_rope_grad):
+        _, specs = CASES["rms_rope"]
+        report = jaxstitch.explain(fun, *specs, target="h100")
+        assert len(report.regions) == 1, report
+        assert {"slice", "concatenate"} <= set(report.regions[0].ops) or "pad" in report.regions[0].ops
+
+
+def test_a_transpose_of_the_minor_axis_is_left_to_xla_with_its_reason():
+    def f(x):
+        return jax.nn.softmax(x.T * 2, -1)
+    report = jaxstitch.explain(f, f32(64, 48), target="h100")
+    moved = [r for r in report.regions if "transpose" in r.ops]
+    assert moved and not any(r.stitched for r in moved)
+    assert any("uncoalesced" in (r.reason or "") for r in moved), report
+
+
+def test_interior_padding_is_left_to_xla():
+    def f(x):
+        return lax.pad(x, 0.0, ((0, 0, 0), (1, 1, 1))).sum(-1)
+    report = jaxstitch.explain(f, f32(8, 16), target="h100")
+    assert "pad with interior padding" in str(report)
+
+
+def test_fallback_matches_jax_jit():
+    for name in ("rms_rope_grad", "dynamic_window", "split_gates"):
+        fun, specs = CASES[name]
+        args = _random(specs, 7)
+        got = jaxstitch.jit(fun)(*args)
+        want = jax.jit(fun)(*args)
+        for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_kernels_with_gathers_render_and_compile(name, monkeypatch):
+    """Forced stitching (any estimated gain): every region's kernel renders and NVRTC compiles it."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", "min_gain_pct=0")
+    fun, specs = CASES[name]
+    report = jaxstitch.explain(fun, *specs, target="h100")
+    for r in report.regions:
+        assert not r.reason or not r.reason.startswith(("codegen", "NVRTC")), r.reason
+    assert any(r.stitched and set(r.ops) & views.opdefs.VIEWS for r in report.regions), report
