@@ -51,6 +51,25 @@ def residual_rmsnorm(x, residual, w):
     return rmsnorm(h, w), h
 
 
+HEAD_DIM = 128
+
+
+def rotary(x, cos, sin):
+    """Rotary position embedding of [tokens, heads, HEAD_DIM] values (the halves rotated, as in
+    GPT-NeoX and Llama), in float32; cos and sin are [tokens, HEAD_DIM / 2]."""
+    h = x.shape[-1] // 2
+    xf = x.astype(F32)
+    x1, x2 = xf[..., :h], xf[..., h:]
+    c, s = cos[:, None, :], sin[:, None, :]
+    return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
+
+
+def rmsnorm_rope(x, w, cos, sin):
+    """A GPT-style query's path into attention: RMS norm (QK-norm), heads, rotary embedding."""
+    y = rmsnorm(x, w)
+    return rotary(y.reshape(x.shape[0], -1, HEAD_DIM), cos, sin)
+
+
 def softmax(x):
     """Softmax over the last axis in float32; returns x.dtype."""
     return jax.nn.softmax(x.astype(F32), axis=-1).astype(x.dtype)
@@ -108,6 +127,12 @@ def softmax_fwdbwd(x, dy):
     y, vjp = jax.vjp(softmax, x)
     (dx,) = vjp(dy)
     return y, dx
+
+
+def rmsnorm_rope_fwdbwd(x, w, cos, sin, dy):
+    out, vjp = jax.vjp(lambda x, w: rmsnorm_rope(x, w, cos, sin), x, w)
+    dx, dw = vjp(dy)
+    return out, dx, dw
 
 
 def xent_fwdbwd(logits, labels):
@@ -190,6 +215,21 @@ def _rmsnorm_residual_inputs(key, dtype, n, h):
     return (_normal(kx, (n, h), dtype), _normal(kr, (n, h), dtype),
             _normal(kw, (h,), dtype, 0.1, 1.0), _normal(kd, (n, h), dtype),
             _normal(kh, (n, h), dtype))
+
+
+def _rmsnorm_rope_inputs(key, dtype, n, h):
+    """Token positions 0..n-1 (rotary angles in float32, as models keep them), hidden h = heads x
+    HEAD_DIM."""
+    kx, kw, kd = jax.random.split(key, 3)
+    half = HEAD_DIM // 2
+    freq = 10000.0 ** (-jnp.arange(half, dtype=F32) / half)
+    angle = jnp.arange(n, dtype=F32)[:, None] * freq
+    return (_normal(kx, (n, h), dtype), _normal(kw, (h,), dtype, 0.1, 1.0), jnp.cos(angle), jnp.sin(angle),
+            _normal(kd, (n, h // HEAD_DIM, HEAD_DIM), dtype))
+
+
+def _rmsnorm_rope_fwd_inputs(key, dtype, n, h):
+    return _rmsnorm_rope_inputs(key, dtype, n, h)[:4]
 
 
 def _rows_inputs(key, dtype, n, c, count=1):
@@ -287,6 +327,10 @@ _SUITE = (
     # (shape: layers, hidden, vocab).
     _workload("dien_attention_fwdbwd", dien_attention_fwdbwd, _dien_inputs, (16384, 50, 36), (512, 50, 36)),
     _workload("adamw_bert", adamw_update, _adamw_inputs, (12, 768, 30522), (2, 64, 1000)),
+    # Data-moving ops inside a region: a rotary embedding's slices and concatenate after an RMS norm
+    # (its gradient pads), [tokens, heads x 128].
+    _workload("rmsnorm_rope_fwd", rmsnorm_rope, _rmsnorm_rope_fwd_inputs, (16384, 2048), (512, 1024)),
+    _workload("rmsnorm_rope_fwdbwd", rmsnorm_rope_fwdbwd, _rmsnorm_rope_inputs, (16384, 2048), (512, 1024)),
 )
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _SUITE}

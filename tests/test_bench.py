@@ -28,6 +28,9 @@ def test_suite_names():
         assert w.name == name
 
 
+FLOAT32_INPUTS = ("adamw_bert", "rmsnorm_rope_fwd", "rmsnorm_rope_fwdbwd")
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("name", workload_names())
 def test_workload_inputs_and_run(name, dtype):
@@ -38,8 +41,8 @@ def test_workload_inputs_and_run(name, dtype):
         assert args[0].shape == tuple(w.quick_shape) and args[0].dtype == dtype
     for a in jax.tree.leaves(args):
         a = np.asarray(a)
-        if jnp.issubdtype(a.dtype, jnp.floating):
-            assert a.dtype == dtype or (name == "adamw_bert" and a.dtype == np.float32)  # moments
+        if jnp.issubdtype(a.dtype, jnp.floating):  # (float32: AdamW's moments, rotary angles)
+            assert a.dtype == dtype or (name in FLOAT32_INPUTS and a.dtype == np.float32)
             assert np.mean(a == 0) < 0.01, "float inputs must be random, not zeros"
             assert a.size == 1 or np.std(a.astype(np.float32)) > 0  # (a scalar: the step count)
         else:

@@ -25,10 +25,12 @@ from hypothesis import HealthCheck, given, settings
 
 import jaxstitch
 from jaxstitch.kernels import ffi
+from jaxstitch.ops import VIEWS
 from jaxstitch.workloads import WORKLOADS
 from hypothesis import event
 
 from strategies import coarser, force_stitching, random_inputs, region_graphs
+from test_views import CASES as VIEW_CASES, _random as view_inputs
 
 pytestmark = pytest.mark.gpu
 # Kernel outputs are filled with NaN bytes before every launch, so an element a kernel never writes
@@ -57,6 +59,8 @@ ODD_SHAPES = {
     "bias_gelu_bwd_narrow": (16411, 15),
     "dien_attention_fwdbwd": (517, 50, 36),
     "adamw_bert": (1, 40, 101),
+    "rmsnorm_rope_fwd": (1007, 512),
+    "rmsnorm_rope_fwdbwd": (1007, 512),
 }
 
 # Expected stitched kernels at the quick shapes (as in test_pipeline_cpu.py), with the known bugs that
@@ -568,3 +572,20 @@ def test_one_hot_rows_with_non_finite_logits_match_xla(dtype):
         assert np.isnan(a).any(), f"{what} output {i}: the non-finite rows made no NaN"
         compare(np.asarray(got[i]), np.asarray(want[i]), f"{what} output {i}")
 
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", sorted(VIEW_CASES))
+def test_data_moving_ops_match_xla(name, dtype):
+    """Slices, pads, concatenates, transposes, splits and dynamic slices inside stitched kernels
+    (plan/views.py), forced, against jax.jit: the cases the CPU tests check the rewrite on."""
+    fun, specs = VIEW_CASES[name]
+    seed = (RUN_SEED + zlib.crc32(f"views/{name}/{dtype}".encode())) % (1 << 63)
+    args = [a if a.dtype == np.int32 else jnp.asarray(a, DTYPES[dtype]) for a in view_inputs(specs, seed)]
+    what = _msg(f"{name} {dtype}", seed)
+    with force_stitching():
+        report = jaxstitch.explain(fun, *args)
+        assert any(r.stitched and set(r.ops) & VIEWS for r in report.regions), str(report)
+        want = jax.block_until_ready(jax.jit(fun)(*args))
+        _, got = run_stitched(fun, args, what)
+    for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+        compare(a, c, f"{what} output {i}")
