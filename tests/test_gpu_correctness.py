@@ -147,11 +147,19 @@ def _template(name, dtype):
     return WORKLOADS[name].make_inputs(jax.random.key(0), DTYPES[dtype], True)
 
 
+def _row_structured(name, dtype) -> bool:
+    """Whether every input is the [N, C] array's shape, a [C] column, labels or a key (else the
+    workload draws its own inputs: the rotary angles are [N, 64])."""
+    t = _template(name, dtype)
+    n, c = t[0].shape
+    return all(a.shape in ((n, c), (c,)) or not jnp.issubdtype(a.dtype, jnp.floating) for a in t)
+
+
 def workload_inputs(name, dtype, shape, seed):
     """Fresh inputs of the workload's structure for a main [N, C] array of `shape`. Workloads of
     another structure (the attention's [B, T, D], the optimizer's parameter list) draw their own,
     from a key made from `seed`."""
-    if len(shape) != 2:
+    if len(shape) != 2 or not _row_structured(name, dtype):
         return list(WORKLOADS[name].draw(jax.random.key(seed % (1 << 32)), DTYPES[dtype], *shape))
     n, c = shape
     rng = np.random.default_rng(seed)

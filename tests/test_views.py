@@ -43,7 +43,7 @@ def strided_rev(x):
 
 def padded_centering(x):
     p = jnp.pad(x, ((0, 0), (2, 3)), constant_values=1.5)
-    return p - p.mean(-1, keepdims=True), lax.pad(x, 0.0, ((0, 0, 0), (-1, 2, 0)))[:, ::3].sum(-1)
+    return p - p.mean(-1, keepdims=True), lax.pad(x, jnp.zeros((), x.dtype), ((0, 0, 0), (-1, 2, 0)))[:, ::3].sum(-1)
 
 
 def three_pieces(x, y):
@@ -241,7 +241,7 @@ def test_a_transpose_of_the_minor_axis_is_left_to_xla_with_its_reason():
 
 def test_interior_padding_is_left_to_xla():
     def f(x):
-        return lax.pad(x, 0.0, ((0, 0, 0), (1, 1, 1))).sum(-1)
+        return lax.pad(x, jnp.zeros((), x.dtype), ((0, 0, 0), (1, 1, 1))).sum(-1)
     report = jaxstitch.explain(f, f32(8, 16), target="h100")
     assert "pad with interior padding" in str(report)
 

@@ -245,8 +245,8 @@ class Kernel:
 
     def gather(self, w: Writer, op: ir.Op, name: str | None = None):
         """Load an input at the indices of a view (plan/views.py): row axes indexed by `row`, column
-        axes by each element's column. 16-byte loads where the columns are contiguous and every
-        row's first element is aligned to a vector; element loads otherwise."""
+        axes by each element's column. Vector loads where every vector of the columns is one of the
+        source (_vector_readable); element loads otherwise."""
         out, src = op.outputs[0], op.inputs[0]
         if name is None:
             name = f"v{out.id}"
@@ -280,7 +280,10 @@ class Kernel:
         w("for (int k = 0; k < VPT; ++k) {")
         w(f"  const int col0 = {vec_col('k')};")
         if _vector_readable(view, dims[j:], dims[:j], self.m.vec):
-            w(f"  if ({row_ok}col0 < ROW_COLS) js_load<{st}, V>({ptr} + {name}_at + ROW_C0 + col0, &{name}[k * V]);")
+            index = f"{name}_at + {_affine(dims[j:], '(ROW_C0 + col0)')}"
+            if not view.exact:  # (an aligned vector of the source: its values are don't-cares)
+                index = f"min(max({index}, 0LL), {view.size - self.m.vec}LL)"
+            w(f"  if ({row_ok}col0 < ROW_COLS) js_load<{st}, V>({ptr} + {index}, &{name}[k * V]);")
             w(f"  else for (int i = 0; i < V; ++i) {name}[k * V + i] = ({ct})0;")
         else:
             index = f"{name}_at + {_affine(dims[j:], '(ROW_C0 + col0 + i)')}"
@@ -390,13 +393,12 @@ def _affine(dims, var: str) -> str:
 
 
 def _vector_readable(view, col_dims, row_dims, vec: int) -> bool:
-    """Whether a gather's columns are one contiguous run whose every row starts on a vector."""
-    if not view.exact or view.dyn_strides or view.offset % vec or any(s % vec for n, s in row_dims if n > 1):
+    """Whether each vector of a gather's columns is a vector of its source: the innermost column
+    axis contiguous and a multiple of vectors long, every other offset a multiple of a vector (a
+    don't-care vector is clamped into the source, which must then be whole vectors too)."""
+    real = [(n, s) for n, s in col_dims if n > 1]
+    if not real or real[-1][1] != 1 or real[-1][0] % vec:
         return False
-    expect = 1
-    for size, stride in reversed(col_dims):
-        if size > 1:
-            if stride != expect:
-                return False
-            expect *= size
-    return True
+    others = [s for _, s in real[:-1]] + [s for n, s in row_dims if n > 1] + list(view.dyn_strides)
+    return (view.offset % vec == 0 and all(s % vec == 0 for s in others)
+            and (view.exact or view.size % vec == 0))
