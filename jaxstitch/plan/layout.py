@@ -144,6 +144,9 @@ def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
         ins = [get(a) for a in op.inputs]
         vals = [p for p in ins if p is not None]
         epi = bool(vals) and all(p.level == EPILOGUE for p in vals)
+        # (partition keeps these apart; a merge across data-moving ops could bring them together)
+        if not epi and any(p.level == EPILOGUE for p in vals):
+            raise Unplannable(f"{op.prim} reads a grid-reduced value beside row work")
         level = EPILOGUE if epi else max((p.level for p in vals), default=0)
         out = op.outputs[0]
         if op.prim in opdefs.ELEMENTWISE:
