@@ -25,7 +25,7 @@ import math
 
 from .. import ir, ops as opdefs
 from ..partition import Region
-from .layout import GATHER, Unplannable, gathered_only  # noqa: F401 - gathered_only: for callers
+from .layout import GATHER, Unplannable
 
 # GATHER, the op sink makes: outputs[0] = inputs[0] (an input) read through the params' `view`.
 # A read whose contiguous output axis strides this far through its source (a transpose of the minor
