@@ -109,8 +109,7 @@ def _resident_warps(kernel, registers: int, target: Target) -> int | None:
     """Warps of a row kernel (KernelPlan) one SM holds with `registers` a thread; None for others."""
     if not isinstance(kernel, KernelPlan) or not registers:
         return None
-    block = kernel.mapping.block
-    return target.regs_per_sm // (registers * block) * block // 32
+    return target.blocks_by_registers(kernel.mapping.block, registers) * kernel.mapping.block // 32
 
 
 def _fits_one_kernel(region) -> bool:

@@ -18,6 +18,12 @@ class Target:
     launch_us: float          # one kernel inside an XLA command buffer
     grid_sync_us: float       # one grid-wide barrier
 
+    def blocks_by_registers(self, block: int, registers: int) -> int:
+        """Blocks of `block` threads an SM's register file holds at `registers` a thread (allocated
+        per warp in units of 256)."""
+        per_warp = -(-registers * 32 // 256) * 256
+        return self.regs_per_sm // (block // 32 * per_warp)
+
 
 # Bandwidths are what a plain elementwise kernel reached on our machines (DESIGN.md), not datasheets.
 TARGETS = {

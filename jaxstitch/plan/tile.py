@@ -417,10 +417,8 @@ def one_wave(mapping: TileMapping, registers: int, target: Target) -> TileMappin
     """The grid as the blocks resident at once, from the compiled kernel's registers per thread
     (allocated per warp in units of 256), its shared memory and block size: each block walks its
     tiles with the next one's inputs in flight."""
-    warps = mapping.block // 32
-    per_warp = -(-registers * 32 // 256) * 256
     per_sm = min(target.max_threads_per_sm // mapping.block,
-                 target.regs_per_sm // (warps * per_warp) if registers else 32,
+                 target.blocks_by_registers(mapping.block, registers) if registers else 32,
                  target.smem_per_sm // (mapping.smem_bytes + SMEM_PER_BLOCK_SYSTEM))
     return dataclasses.replace(mapping, grid=max(1, min(mapping.n_rows, per_sm * target.sm_count)))
 
