@@ -169,7 +169,7 @@ def _moving_step(op: ir.Op, out: ir.Value, dyn_atoms) -> Affine:
     if op.prim == "split":
         axis = op.param("axis")
         start = sum(o.shape[axis] for o in op.outputs[:op.outputs.index(out)])
-        return _step(out.shape, src.shape, [start if e == axis else 0 for e in range(n)], [(e, e, 1) for e in range(n)])
+        return _translate(out.shape, src.shape, [start if e == axis else 0 for e in range(n)])
     if op.prim == "slice":
         steps = op.param("strides") or (1,) * n
         return _step(out.shape, src.shape, op.param("start_indices"), [(e, e, steps[e]) for e in range(n)])
@@ -188,15 +188,14 @@ def _moving_step(op: ir.Op, out: ir.Value, dyn_atoms) -> Affine:
                 const[e] = min(max(int(start.value), 0), limit)
             elif limit > 0:
                 dyn.append(Dyn(dyn_atoms(start), limit, tuple(int(f == e) for f in range(n))))
-        return _step(out.shape, src.shape, const, [(e, e, 1) for e in range(n)], dyn)
+        return _translate(out.shape, src.shape, const, dyn)
     raise Unplannable(f"{op.prim} has no affine map")
 
 
-def _shift(shape, source, axis: int, by: int) -> Affine:
-    """Output index minus `by` along `axis`, possibly outside the operand (concatenate's pieces)."""
-    n = len(shape)
-    return _step(shape, source, [-by if e == axis else 0 for e in range(n)], [(e, e, 1) for e in range(n)],
-                 exact=False)
+def _translate(shape, source, const, dyn=(), exact=True) -> Affine:
+    """Output index plus `const` (and the run-time offsets) on every axis: split, dynamic_slice,
+    pad, concatenate's pieces (these two possibly outside the operand: not `exact`)."""
+    return _step(shape, source, const, [(e, e, 1) for e in range(len(shape))], dyn, exact)
 
 
 class _Sinker:
@@ -302,8 +301,7 @@ class _Sinker:
             if src.shape == a.shape:
                 return src
             return self.emit("reshape", [src], a.shape, src.dtype, {"new_sizes": a.shape, "dimensions": None})
-        dyn_in = [self.current(t.atom) for t in a.dyn]
-        return self.emit(GATHER, [src, *dyn_in], a.shape, src.dtype, {"view": view})
+        return self.emit(GATHER, [src, *(t.atom for t in a.dyn)], a.shape, src.dtype, {"view": view})
 
     def _broadcast(self, v: ir.Value, a: Affine, what: str) -> ir.Atom:
         """`v` (a reduction's or another op's result, held as it is) read through a map that only
@@ -373,7 +371,8 @@ class _Sinker:
         starts = list(itertools.accumulate([x.shape[axis] for x in op.inputs], initial=0))
         result = None
         for i in reversed(range(len(op.inputs))):
-            piece = self.build(op.inputs[i], a.then(_shift(out.shape, op.inputs[i].shape, axis, starts[i])))
+            shift = [-starts[i] if e == axis else 0 for e in range(len(out.shape))]
+            piece = self.build(op.inputs[i], a.then(_translate(out.shape, op.inputs[i].shape, shift, exact=False)))
             if result is None:
                 result = piece
             else:
@@ -383,9 +382,7 @@ class _Sinker:
 
     def _pad(self, op: ir.Op, a: Affine) -> ir.Atom:
         x, fill, out = op.inputs[0], self.current(op.inputs[1]), op.outputs[0]
-        config = op.param("padding_config")
-        if any(interior for _, _, interior in config):
-            raise Unplannable("pad with interior padding")
+        config = op.param("padding_config")  # (no interior padding: ops.unsupported_reason)
         tests = []
         for e, (lo, hi, _) in enumerate(config):
             if lo > 0 or hi > 0:
@@ -399,9 +396,7 @@ class _Sinker:
         if False in tests:
             return filled
         crops_only = all(lo <= 0 and hi <= 0 for lo, hi, _ in config)
-        step = _step(out.shape, x.shape, [-lo for lo, _, _ in config], [(e, e, 1) for e in range(len(x.shape))],
-                     exact=crops_only)
-        inner = self.build(x, a.then(step))
+        inner = self.build(x, a.then(_translate(out.shape, x.shape, [-lo for lo, _, _ in config], exact=crops_only)))
         inside: ir.Atom | bool = True
         for test in tests:
             if test is not True:
