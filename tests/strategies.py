@@ -617,7 +617,8 @@ def force_stitching():
 
     Random graphs are mostly small one-pass regions that the cost model (rightly) leaves to XLA; forcing
     them through codegen, the stitcher's rebuild and (on a GPU) our kernels is what tests those parts.
-    Patches `jaxstitch.pipeline.plan_region`, the planner entry the pipeline calls."""
+    Patches `jaxstitch.pipeline.plan_region`, the planner entry the pipeline calls, and
+    `pipeline.MIN_RESIDENT_WARPS`."""
     from jaxstitch import pipeline
 
     original = getattr(pipeline, "plan_region", None)
@@ -630,8 +631,10 @@ def force_stitching():
             plan = dataclasses.replace(plan, reason=None)
         return plan
 
-    pipeline.plan_region = plan_without_cost_veto
+    # (the veto on kernels with too few resident warps, taken after NVRTC, is the cost model's too)
+    min_warps = pipeline.MIN_RESIDENT_WARPS
+    pipeline.plan_region, pipeline.MIN_RESIDENT_WARPS = plan_without_cost_veto, 0
     try:
         yield
     finally:
-        pipeline.plan_region = original
+        pipeline.plan_region, pipeline.MIN_RESIDENT_WARPS = original, min_warps
