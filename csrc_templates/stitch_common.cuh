@@ -272,6 +272,59 @@ __device__ __forceinline__ int js_ipow(int x, int n) {
 struct js_sum_op { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a + b; } };
 struct js_max_op { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return js_max(a, b); } };
 struct js_min_op { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return js_min(a, b); } };
+struct js_prod_op { template <typename T> __device__ __forceinline__ T operator()(T a, T b) const { return a * b; } };
+
+// Scans along a row (cumsum and its kin), N vectors of a thread at once: each lane's totals t[k] of
+// its vectors become inclusive scans over the aligned group of W lanes (W a power of two <= 32),
+// from lane 0 up, or with REV from the last lane down. Folds run in scan order: op(before, after).
+template <int W, bool REV, int N, typename T, typename Op>
+__device__ __forceinline__ void js_lanes_scan(T (&t)[N], Op op) {
+  const int l = (threadIdx.x & 31) % W;
+#pragma unroll
+  for (int d = 1; d < W; d <<= 1) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const T o = REV ? __shfl_down_sync(0xffffffffu, t[k], d, W) : __shfl_up_sync(0xffffffffu, t[k], d, W);
+      if (REV ? l + d < W : l >= d) t[k] = op(o, t[k]);
+    }
+  }
+}
+// From the inclusive scans `t`: what comes before each lane (`before`, `ident` for the first lane in
+// scan order) and the group's total (`total`).
+template <int W, bool REV, int N, typename T>
+__device__ __forceinline__ void js_lanes_split(const T (&t)[N], T (&before)[N], T (&total)[N], T ident) {
+  const int l = (threadIdx.x & 31) % W;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const T o = REV ? __shfl_down_sync(0xffffffffu, t[k], 1, W) : __shfl_up_sync(0xffffffffu, t[k], 1, W);
+    before[k] = (REV ? l == W - 1 : l == 0) ? ident : o;
+    total[k] = __shfl_sync(0xffffffffu, t[k], REV ? 0 : W - 1, W);
+  }
+}
+// A row over NW warps: each warp's totals meet in `s` (this row's NW * N slots in shared memory);
+// every lane adds the warps before its own (in scan order) to `before` and takes the row's totals.
+// Every thread of the block calls it (two barriers).
+template <int NW, bool REV, int N, typename T, typename Op>
+__device__ __forceinline__ void js_warps_scan(T (&before)[N], T (&total)[N], T* s, int warp, T ident, Op op) {
+  if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) s[warp * N + k] = total[k];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    T pre = ident, all = ident;
+    for (int j = 0; j < NW; ++j) {
+      const int w = REV ? NW - 1 - j : j;
+      const T x = s[w * N + k];
+      if (REV ? w > warp : w < warp) pre = op(pre, x);
+      all = op(all, x);
+    }
+    before[k] = op(pre, before[k]);
+    total[k] = all;
+  }
+  __syncthreads();  // before s is written again
+}
 
 // Butterfly all-reduce inside aligned groups of W lanes (W a power of two <= 32). Every lane ends
 // with the same bits: each step combines the same pair of operands, and the ops are commutative.

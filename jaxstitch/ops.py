@@ -26,6 +26,9 @@ SOURCES = frozenset({"iota"})
 # (plan/views.py), as XLA's loop fusion does.
 VIEWS = frozenset({"slice", "split", "pad", "concatenate", "rev", "transpose", "dynamic_slice"})
 REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin"})
+# Cumulative reductions along the last axis, by the binary op they fold with: each element is the fold
+# of the row up to it (from its end, with reverse=True). A kernel walks the row in order.
+SCANS = {"cumsum": "add", "cumprod": "mul", "cummax": "max", "cummin": "min"}
 EXPENSIVE = frozenset({"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "erf", "erfc",
                        "erf_inv", "pow", "sin", "cos", "tan", "atan2", "cbrt"})
 
@@ -38,7 +41,7 @@ def unsupported_reason(op: ir.Op) -> str | None:
     prim = op.prim
     if prim in COMPUTE_BOUND:
         return f"{prim} is compute-intensive (left to XLA/cuBLAS)"
-    if prim not in ELEMENTWISE | LAYOUT | SOURCES | REDUCTIONS | VIEWS:
+    if prim not in ELEMENTWISE | LAYOUT | SOURCES | REDUCTIONS | VIEWS | SCANS.keys():
         return f"{prim} is not a stitchable primitive"
     for v in list(op.inputs) + list(op.outputs):
         if v.dtype not in ir.SUPPORTED_DTYPES:
@@ -51,6 +54,12 @@ def unsupported_reason(op: ir.Op) -> str | None:
         return "pad with interior padding"
     if prim == "dynamic_slice" and any(a.dtype != "int32" for a in op.inputs[1:]):
         return "dynamic_slice with start indices that are not int32"
+    if prim in SCANS:
+        shape, axis = op.inputs[0].shape, op.param("axis")
+        if any(d != 1 for d in shape[axis + 1:]):
+            return f"{prim} along axis {axis} of {shape}, not the last (a kernel scans its rows)"
+        if op.inputs[0].dtype == "bool":
+            return f"{prim} of a bool value"
     if prim in ("argmax", "argmin") and reduce_kind(op) != "row":
         return f"{prim} is stitched only along the last axes"
     return None

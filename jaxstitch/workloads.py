@@ -75,6 +75,32 @@ def softmax(x):
     return jax.nn.softmax(x.astype(F32), axis=-1).astype(x.dtype)
 
 
+TOP_P = 0.9
+
+
+def top_p_filter(sorted_logits, top_p=TOP_P):
+    """Nucleus sampling's filter over logits sorted in descending order (the sort is XLA's): the
+    probabilities of the smallest prefix whose mass reaches `top_p`, renormalized; in float32,
+    returns the logits' dtype."""
+    p = jax.nn.softmax(sorted_logits.astype(F32), axis=-1)
+    before = jnp.cumsum(p, axis=-1) - p  # the mass of the tokens ahead of each one
+    kept = jnp.where(before < top_p, p, 0.0)
+    return (kept / jnp.sum(kept, axis=-1, keepdims=True)).astype(sorted_logits.dtype)
+
+
+def survival(hazard_logits):
+    """Discrete-time survival: S_t = exp(-sum_{s <= t} softplus(x_s)) over the last axis (time
+    steps), in float32; returns the input's dtype."""
+    h = jax.nn.softplus(hazard_logits.astype(F32))
+    return jnp.exp(-jnp.cumsum(h, axis=-1)).astype(hazard_logits.dtype)
+
+
+def survival_fwdbwd(hazard_logits, dy):
+    """The survival curve and its gradient: the backward pass of a cumsum is a reverse cumsum."""
+    out, vjp = jax.vjp(survival, hazard_logits)
+    return out, vjp(dy)[0]
+
+
 def cross_entropy(logits, labels):
     """Mean softmax cross-entropy over a `VOCAB`-wide last axis (one_hot, not a gather)."""
     logp = jax.nn.log_softmax(logits.astype(F32), axis=-1)
@@ -237,6 +263,11 @@ def _rows_inputs(key, dtype, n, c, count=1):
     return tuple(_normal(k, (n, c), dtype) for k in jax.random.split(key, count))
 
 
+def _sorted_logits_inputs(key, dtype, n, v):
+    """Logits sorted in descending order along each row, as a sampler hands them to the filter."""
+    return (-jnp.sort(-_normal(key, (n, v), F32, 2.0), axis=-1).astype(dtype),)
+
+
 def _xent_inputs(key, dtype, n, v):
     kl, ky = jax.random.split(key)
     return _normal(kl, (n, v), dtype, 2.0), jax.random.randint(ky, (n,), 0, v, jnp.int32)
@@ -331,6 +362,10 @@ _SUITE = (
     # (its gradient pads), [tokens, heads x 128].
     _workload("rmsnorm_rope_fwd", rmsnorm_rope, _rmsnorm_rope_fwd_inputs, (16384, 2048), (512, 1024)),
     _workload("rmsnorm_rope_fwdbwd", rmsnorm_rope_fwdbwd, _rmsnorm_rope_inputs, (16384, 2048), (512, 1024)),
+    # Scans along rows: nucleus sampling's filter over a 32k vocabulary (softmax, cumsum, mask,
+    # renormalize); a survival curve over 512 steps and its gradient (a cumsum, then a reverse one).
+    _workload("top_p_filter", top_p_filter, _sorted_logits_inputs, (2048, VOCAB), (64, 4096)),
+    _workload("survival_fwdbwd", survival_fwdbwd, partial(_rows_inputs, count=2), (65536, 512), (2048, 512)),
 )
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _SUITE}

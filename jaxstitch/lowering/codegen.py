@@ -93,10 +93,12 @@ def _split_one_hot(k: Kernel, w: Writer, emit, tag: int):
     k.one_hots_used = {}
     general = Writer(w.indent)
     k.writer = general
+    scans = k.scans_emitted
     emit(general)
     used = dict(k.one_hots_used)
     k.writer = w
-    if not used:  # the code as emitted, in place
+    if not used or k.scans_emitted != scans:  # the code as emitted, in place (a scan's barriers and
+        # shuffles must be reached by every thread: not split into branches)
         w.lines.extend(general.lines)
         return
     k.copies = dict(copies)
@@ -211,8 +213,10 @@ def render(plan) -> Source:
                 k.emit_op(body, op)
         reductions.reduce_init(k, body, ph.reductions)
         w = body
+        loop_at = len(body.lines)
         if k.chunked and ph.chunk_work:
-            body("for (int ch = 0; ch < CHUNKS; ++ch) {")
+            body("for (int ch = CHUNKS - 1; ch >= 0; --ch) {" if k.reverse_chunks else
+                 "for (int ch = 0; ch < CHUNKS; ++ch) {")
             w = k.writer = Writer(body.indent + 1)
             load_chunk(k, w, stash, first_phase=lv == 0, last_read=lv == last_chunk_phase)
         if lv == 0:
@@ -228,6 +232,8 @@ def render(plan) -> Source:
             body.lines.extend(w.lines)
             body("}")
             k.writer = body
+        body.lines[loop_at:loop_at] = ["  " * body.indent + c for c in k.carries]  # scans' carries
+        k.carries = []
         if refill and k.chunked:
             body("js_stage_commit();")
         elif refill:
@@ -248,6 +254,8 @@ def render(plan) -> Source:
     if m.tpr > 32 and k.n_row_red:
         shared(f"__shared__ float js_red[2][{k.n_row_red}][RPB][NWARPS_ROW];")
         shared(f"__shared__ int js_redi[2][{k.n_row_red}][RPB][NWARPS_ROW];")
+    for ct in sorted(k.scan_smem):
+        shared(f"__shared__ {ct} js_scan_{ct}[RPB][NWARPS_ROW * VPT];")
     if m.smem_bytes:
         shared("extern __shared__ __align__(16) unsigned char js_dyn[];")
     if grid_ops:

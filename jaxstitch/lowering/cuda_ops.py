@@ -120,3 +120,10 @@ REDUCE = {
     "reduce_min": ("js_min_op()", {"float": "JS_INF", "int": "JS_INT_MAX", "bool": "true"}),
 }
 ARG_REDUCE = {"argmax": "true", "argmin": "false"}
+# Scans (ops.SCANS): (combine functor, identity by compute type).
+SCAN = {
+    "cumsum": REDUCE["reduce_sum"],
+    "cumprod": ("js_prod_op()", {"float": "1.0f", "int": "1"}),
+    "cummax": REDUCE["reduce_max"],
+    "cummin": REDUCE["reduce_min"],
+}

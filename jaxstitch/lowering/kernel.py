@@ -14,7 +14,7 @@ from importlib import resources
 from .. import ir, ops as opdefs
 from ..plan import KernelPlan
 from ..plan.layout import COL, EPILOGUE, FULL, GATHER, ROW, SCALAR, row_axes
-from .cuda_ops import CTYPE, EXPR, STYPE, literal
+from .cuda_ops import CTYPE, EXPR, SCAN, STYPE, literal
 
 KERNEL_NAME = "jaxstitch_kernel"
 
@@ -100,6 +100,14 @@ class Kernel:
         # (eq) / true (ne) in the code being emitted: see codegen's one-hot split.
         self.one_hots_used: dict[int, ir.Value] = {}
         self.known_misses: frozenset[int] = frozenset()
+        # Scans (ops.SCANS): a chunked row's passes walk its chunks in the scans' direction (the
+        # planner keeps them to one); each scan's carry from chunk to chunk is declared before the
+        # pass's chunk loop (`carries`, taken by codegen); `scan_smem`: compute types whose warp
+        # totals meet in shared memory.
+        self.reverse_chunks = any(op.param("reverse") for op in plan.region.ops if op.prim in opdefs.SCANS)
+        self.carries: list[str] = []
+        self.scans_emitted = 0
+        self.scan_smem: set[str] = set()
 
     # ---- naming -------------------------------------------------------------------------------
     def root(self, vid: int) -> int:
@@ -128,6 +136,8 @@ class Kernel:
             name = f"v{root}_p{self.phase}"
             op = self.def_op[root]
             emit = {"iota": self.iota, GATHER: self.gather}.get(op.prim, self.elementwise)
+            if op.prim in opdefs.SCANS:  # a scan again: the same folds in the same order, the same bits
+                emit = self.scan
             emit(self.writer, op, name)
             self.copies[key] = name
         return self.copies[key]
@@ -291,6 +301,55 @@ class Kernel:
             w(f"  for (int i = 0; i < V; ++i) {name}[k * V + i] = {row_ok}col0 < ROW_COLS ? {load(index)} : ({ct})0;")
         w("}")
 
+    def scan(self, w: Writer, op: ir.Op, name: str | None = None):
+        """A cumulative fold along the row. Element (chunk, vector k, lane, i) follows, in row order,
+        the chunks before it (the carry), the row's vectors k before it (each vector slot spans the
+        row's lanes), the lanes before it in its slot, and the elements before it in its vector. So a
+        thread folds each of its vectors, its lane group scans the vector totals (shuffles; warps
+        through shared memory), and the carry moves on slot by slot. Reverse scans go the other way."""
+        out, src = op.outputs[0], op.inputs[0]
+        if name is None:
+            name = f"v{out.id}"
+            self.remember(op)
+        self.scans_emitted += 1
+        rev = bool(op.param("reverse"))
+        ct = self.ctype(out)
+        fn, ident = SCAN[op.prim][0], SCAN[op.prim][1][ct]
+        x = self.ref(src)  # (before any brace: a rematerialized operand is defined at this level)
+        carry = f"{name}_c"
+        if self.chunked:
+            self.carries.append(f"{ct} {carry} = {ident};")
+        else:
+            w(f"{ct} {carry} = {ident};")
+        w(f"{ct} {name}[E];")
+        w("{  // " + f"{op.prim}{' (reverse)' if rev else ''} along the row")
+        w(f"  {ct} js_t[VPT], js_x[VPT], js_s[VPT];  // per vector slot: fold, fold before it, slot total")
+        w("  #pragma unroll")
+        w("  for (int k = 0; k < VPT; ++k) {")
+        real = "true" if self.exact_cols else f"{vec_col('k')} < ROW_COLS"
+        w(f"    const bool js_in = {real};  // (past the row: the identity, which a reverse scan meets first)")
+        w(f"    {ct} js_a = {ident};")
+        w("    #pragma unroll")
+        e = "k * V + V - 1 - i" if rev else "k * V + i"
+        w(f"    for (int i = 0; i < V; ++i) {{ const int e = {e}; js_a = {fn}(js_a, js_in ? ({ct})({x}) : {ident}); {name}[e] = js_a; }}")
+        w("    js_t[k] = js_a;")
+        w("  }")
+        lanes, r = min(self.m.tpr, 32), "true" if rev else "false"
+        w(f"  js_lanes_scan<{lanes}, {r}, VPT>(js_t, {fn});")
+        w(f"  js_lanes_split<{lanes}, {r}, VPT>(js_t, js_x, js_s, {ident});")
+        if self.m.tpr > 32:
+            self.scan_smem.add(ct)
+            w(f"  js_warps_scan<NWARPS_ROW, {r}, VPT>(js_x, js_s, js_scan_{ct}[row_in_block], lane >> 5, ({ct}){ident}, {fn});")
+        w("  #pragma unroll")
+        w("  for (int j = 0; j < VPT; ++j) {")
+        w(f"    const int k = {'VPT - 1 - j' if rev else 'j'};")
+        w(f"    const {ct} js_b = {fn}({carry}, js_x[k]);")
+        w("    #pragma unroll")
+        w(f"    for (int i = 0; i < V; ++i) {name}[k * V + i] = {fn}(js_b, {name}[k * V + i]);")
+        w(f"    {carry} = {fn}({carry}, js_s[k]);")
+        w("  }")
+        w("}")
+
     def emit_op(self, w: Writer, op: ir.Op):
         if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Const):
             out = op.outputs[0]
@@ -301,6 +360,8 @@ class Kernel:
             self.iota(w, op)
         elif op.prim == GATHER:
             self.gather(w, op)
+        elif op.prim in opdefs.SCANS:
+            self.scan(w, op)
         else:
             self.elementwise(w, op)
 

@@ -34,6 +34,14 @@ L2_SPEEDUP = 2.0             # re-reads of a chunked row served by L2, relative 
 # S SMs gets min(1, SM_OVERDRIVE * k / S) of it (H200, softmax fwd+bwd over 32 rows of 256k on 32
 # SMs: 25% of the roofline, where 1.0 * 32 / 132 predicts 24%; 1.5 keeps the estimate on our side).
 SM_OVERDRIVE = 1.5
+# XLA runs a scan along rows (cumsum & co., a reduce-window its rewriter splits into blocks of the
+# row) as several kernels over float32 copies of the array: measured on an H100 (2026-11-21), a
+# survival curve's cumsum and reverse cumsum over [65536, 512] float32 took 9 kernels and 656 us where
+# moving its inputs and outputs once takes 180 us, ~240 us (~5.4 passes over a float32 copy) per
+# scan; nucleus sampling's softmax, cumsum and renormalization over [2048, 32000], 13 kernels at 18%
+# of the roofline. Counted low, so the estimate stays on XLA's side.
+SCAN_XLA_KERNELS = 4
+SCAN_XLA_PASSES = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,12 +65,12 @@ def _nbytes(p, layout: Layout) -> int:
 
 def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
              target: Target, rereads: bool = False, busy_sms: int | None = None,
-             split_rounds: int = 0, gathered_bytes: int = 0) -> Estimate:
+             split_rounds: int = 0, gathered_bytes: int = 0, n_scans: int = 0) -> Estimate:
     """`rereads`: phases after the first read their row inputs again from global memory (L2);
     `busy_sms`: the SMs our grid occupies (fewer than the target has when there are few rows);
     `split_rounds`: rounds of (row, slice) tasks when rows are split over blocks, each crossing a
     grid barrier per row reduction level; `gathered_bytes`: what gathers read of inputs not in
-    `inputs` (plan/views.py)."""
+    `inputs` (plan/views.py); `n_scans`: scans along rows (XLA's extra kernels, SCAN_XLA_*)."""
     bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
     io = [layout.of(v) for v in inputs] + [layout.of(v) for v in outputs]
     must_move = sum(_nbytes(p, layout) for p in io) + gathered_bytes
@@ -89,5 +97,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
         xla_kernels = 1 + splits + n_grid_reductions
         xla_bytes = must_move + splits * (full_in + 2 * f32_full) + n_grid_reductions * f32_full
         eff = XLA_EFFICIENCY
+    if n_scans:
+        xla_kernels += SCAN_XLA_KERNELS * n_scans
+        xla_bytes += SCAN_XLA_PASSES * n_scans * f32_full
     xla = xla_bytes / (bw * eff) + xla_kernels * target.launch_us
     return Estimate(must_move, ours, xla_kernels, xla_bytes, xla)

@@ -67,15 +67,18 @@ def gathered_only(region: Region) -> frozenset[int]:
 
 
 def row_space(region: Region) -> tuple[int, int]:
-    """(N, C): from the row reductions if any, else a column reduction, else the largest value (of
+    """(N, C): from the row reductions and scans if any, else a column reduction, else the largest value (of
     those the kernel holds: not inputs read only through gathers)."""
     shapes = set()
     for op in region.ops:
         if op.prim in opdefs.REDUCTIONS and opdefs.reduce_kind(op) == "row":
             s, axes = op.inputs[0].shape, op.param("axes")
             shapes.add((math.prod(d for i, d in enumerate(s) if i not in axes), math.prod(s[a] for a in axes)))
+        elif op.prim in opdefs.SCANS:  # a scan runs along the row: its axis is the columns
+            s = op.inputs[0].shape
+            shapes.add((math.prod(s) // s[op.param("axis")], s[op.param("axis")]))
     if len(shapes) > 1:
-        raise Unplannable(f"row reductions over different row lengths {sorted(shapes)}")
+        raise Unplannable(f"row reductions or scans over different row lengths {sorted(shapes)}")
     if shapes:
         return shapes.pop()
     for op in region.ops:
@@ -167,6 +170,10 @@ def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
         elif op.prim == GATHER:  # a load at computed indices: its kind is its shape's
             decl = _declared(out, n, c, hints.get(out.id))
             placed[out.id] = Placed(out, decl, decl, max((p.level for p in vals[1:]), default=0))
+        elif op.prim in opdefs.SCANS:  # each element from its row's elements before it: full
+            if level == EPILOGUE or out.size != n * c:
+                raise Unplannable(f"{op.prim} of a value that is not the full {n}x{c} rows")
+            placed[out.id] = Placed(out, FULL, FULL, level)
         elif op.prim in opdefs.REDUCTIONS:
             placed[out.id] = _place_reduction(op, ins[0], n, c)
             if out.id in online_sums:

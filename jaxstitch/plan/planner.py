@@ -139,10 +139,16 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
             raise Unplannable("argmax/argmin over the whole grid")
         row_inputs = [v for v in region.inputs if layout.of(v).storage == FULL]
         row_reductions = [op for op in region.ops if opdefs.is_row_reduction(op)]
+        # (a scan's carry runs through the row in order: its slices are not split over blocks)
+        scans = [op for op in region.ops if op.prim in opdefs.SCANS]
         mp = mapping_mod.choose(layout, list(region.inputs) + list(region.outputs),
                                 _live_arrays(region, layout), bool(grid_ops), target, tuning,
                                 stash_itemsizes=tuple(v.itemsize for v in row_inputs),
-                                splittable=not any(op.prim in ("argmax", "argmin") for op in row_reductions))
+                                splittable=not any(op.prim in ("argmax", "argmin") for op in row_reductions)
+                                and not scans)
+        if mp.chunks > 1 and len({op.param("reverse") for op in scans}) > 1:
+            raise Unplannable(f"scans in both directions along rows of {mp.n_cols} walked in {mp.chunks} "
+                              "chunks (a pass over the chunks runs one way)")
         if relaxed:
             mp = dataclasses.replace(mp, min_blocks=1)
         stash, at = [], 0
@@ -169,7 +175,8 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     split_rounds = -(-mp.n_rows * mp.splits // mp.grid) if mp.splits > 1 else 0
     est = cost.estimate(layout, [v for v in region.inputs if layout.of(v).storage != MEMORY], region.outputs,
                         len(grid_ops), ws, target, gathered_bytes=_gathered_bytes(region, layout),
-                        rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms, split_rounds=split_rounds)
+                        rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms, split_rounds=split_rounds,
+                        n_scans=len(scans))
     gain = min_gain(tuning)
     idle = None
     if est.speedup < gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:

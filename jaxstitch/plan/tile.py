@@ -256,9 +256,10 @@ def _reduced_axes(op: ir.Op, kinds: dict[int, str]) -> str:
 
 
 def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_exp: bool = False) -> TilePlan:
-    moves = sorted({op.prim for op in region.ops if op.prim in opdefs.VIEWS})
+    moves = sorted({op.prim for op in region.ops if op.prim in opdefs.VIEWS | opdefs.SCANS.keys()})
     if moves:
-        raise Unplannable(f"{', '.join(moves)} in a tile (data-moving ops are planned in row spaces only)")
+        raise Unplannable(f"{', '.join(moves)} in a tile (data-moving ops and scans are planned in row "
+                          "spaces only)")
     shape, kinds, labels = label(region)
     n_rows, ta, tb = math.prod(shape[:-2]), shape[-2], shape[-1]
     alias = {}
