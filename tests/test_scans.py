@@ -124,3 +124,12 @@ def test_fallback_matches_jax_jit(name):
     got, want = jaxstitch.jit(fun)(*args), jax.jit(fun)(*args)
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_a_chunked_row_alone_on_its_sm_gives_way_to_fewer_threads():
+    """Top-p over 32k float32 logits spills at 512 threads a row within the launch bounds' cap; with
+    the cap lifted it fits one block an SM, so 256 threads a row (within the cap) is taken."""
+    report = jaxstitch.explain(top_p_filter, f32(2048, 32000), target="h100")
+    region = report.regions[0]
+    assert region.stitched and "8 chunks" in region.mapping, report
+    assert any("one block of 512 per SM" in t for t in region.alternatives), report
