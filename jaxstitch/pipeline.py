@@ -77,7 +77,7 @@ def compile_region(region, target: Target, cfg: Config) -> Compiled:
                 continue
             if lone is not None and compiled is not lone:
                 if not compiled.stitched:
-                    break
+                    continue  # (declined or failed: the lone kernel stays the answer)
                 m, r = lone.plan.kernel.mapping, lone.registers
                 tried.append(f"{m.name} ({r} registers a thread: one block of {m.block} per SM)")
             return dataclasses.replace(compiled, tried=tuple(tried))

@@ -149,6 +149,12 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         if mp.chunks > 1 and len({op.param("reverse") for op in scans}) > 1:
             raise Unplannable(f"scans in both directions along rows of {mp.n_cols} walked in {mp.chunks} "
                               "chunks (a pass over the chunks runs one way)")
+        # A scan's warp totals take static shared memory beside a stash (4 bytes a warp and vector
+        # slot, for each of float and int): within the reserve the stash leaves for it.
+        scan_bytes = 8 * mp.rows_per_block * (mp.tpr // 32) * mp.vpt if scans and mp.tpr > 32 else 0
+        if mp.smem_bytes and scan_bytes > mapping_mod.STATIC_SMEM_RESERVE // 2:
+            raise Unplannable(f"a scan's warp totals need {scan_bytes} bytes of shared memory beside a "
+                              f"{mp.smem_bytes}-byte stash")
         if relaxed:
             mp = dataclasses.replace(mp, min_blocks=1)
         stash, at = [], 0
