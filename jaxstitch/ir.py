@@ -73,3 +73,15 @@ DTYPE_BYTES = {
 }
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "int32", "bool")
+
+
+def live(nodes, outputs, keep=lambda node: False) -> tuple:
+    """The nodes (ops or equations: anything with `inputs` and `outputs`, in program order) that
+    `outputs` depend on, and those `keep` says to keep regardless."""
+    needed = {a.id for a in outputs if isinstance(a, Value)}
+    kept = []
+    for n in reversed(nodes):
+        if keep(n) or any(o.id in needed for o in n.outputs):
+            kept.append(n)
+            needed.update(a.id for a in n.inputs if isinstance(a, Value))
+    return tuple(reversed(kept))

@@ -26,9 +26,9 @@ SOURCES = frozenset({"iota"})
 # (plan/views.py), as XLA's loop fusion does.
 VIEWS = frozenset({"slice", "split", "pad", "concatenate", "rev", "transpose", "dynamic_slice"})
 REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin"})
-# Cumulative reductions along the last axis, by the binary op they fold with: each element is the fold
-# of the row up to it (from its end, with reverse=True). A kernel walks the row in order.
-SCANS = {"cumsum": "add", "cumprod": "mul", "cummax": "max", "cummin": "min"}
+# Cumulative reductions along the last axis: each element is the fold of the row up to it (from its
+# end, with reverse=True). A kernel walks the row in order.
+SCANS = frozenset({"cumsum", "cumprod", "cummax", "cummin"})
 EXPENSIVE = frozenset({"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic", "erf", "erfc",
                        "erf_inv", "pow", "sin", "cos", "tan", "atan2", "cbrt"})
 
@@ -41,7 +41,7 @@ def unsupported_reason(op: ir.Op) -> str | None:
     prim = op.prim
     if prim in COMPUTE_BOUND:
         return f"{prim} is compute-intensive (left to XLA/cuBLAS)"
-    if prim not in ELEMENTWISE | LAYOUT | SOURCES | REDUCTIONS | VIEWS | SCANS.keys():
+    if prim not in ELEMENTWISE | LAYOUT | SOURCES | REDUCTIONS | VIEWS | SCANS:
         return f"{prim} is not a stitchable primitive"
     for v in list(op.inputs) + list(op.outputs):
         if v.dtype not in ir.SUPPORTED_DTYPES:

@@ -157,13 +157,7 @@ def _live_eqns(eqns: Sequence[Eqn], outputs: Sequence[ir.Atom]) -> tuple[Eqn, ..
     """The equations that outputs depend on, and those with effects. Inlined bodies leave dead code
     (a vjp computes tangents nobody reads, e.g. reduce_max's argmax mask), which XLA would remove but
     which would otherwise cost a stitched kernel a reduction."""
-    needed = {a.id for a in outputs if isinstance(a, ir.Value)}
-    kept = []
-    for e in reversed(eqns):
-        if e.effectful or any(o.id in needed for o in e.outputs):
-            kept.append(e)
-            needed.update(a.id for a in e.inputs if isinstance(a, ir.Value))
-    return tuple(reversed(kept))
+    return ir.live(eqns, outputs, keep=lambda e: e.effectful)
 
 
 def aval_of(v: ir.Value):

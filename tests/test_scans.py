@@ -77,7 +77,7 @@ def test_scans_stitch_into_one_kernel_and_compile(name, monkeypatch):
     monkeypatch.setenv("JAXSTITCH_TUNE", "min_gain_pct=0")
     fun, specs, mapping = CASES[name]
     report = jaxstitch.explain(fun, *specs, target="h100")
-    scanning = [r for r in report.regions if set(r.ops) & opdefs.SCANS.keys()]
+    scanning = [r for r in report.regions if set(r.ops) & opdefs.SCANS]
     assert len(scanning) == 1 and scanning[0].stitched, report
     assert scanning[0].kernels == 1
     if mapping:

@@ -134,11 +134,8 @@ class Kernel:
         key = (root, self.phase)
         if key not in self.copies:
             name = f"v{root}_p{self.phase}"
-            op = self.def_op[root]
-            emit = {"iota": self.iota, GATHER: self.gather}.get(op.prim, self.elementwise)
-            if op.prim in opdefs.SCANS:  # a scan again: the same folds in the same order, the same bits
-                emit = self.scan
-            emit(self.writer, op, name)
+            op = self.def_op[root]  # (a scan folds again: the same folds in the same order, the same bits)
+            self.emitter(op)(self.writer, op, name)
             self.copies[key] = name
         return self.copies[key]
 
@@ -356,14 +353,14 @@ class Kernel:
             w(f"const {self.ctype(out)} v{out.id} = {literal(op.inputs[0].value, out.dtype)};")
         elif opdefs.is_layout(op):
             self.alias[op.outputs[0].id] = self.root(op.inputs[0].id)
-        elif op.prim == "iota":
-            self.iota(w, op)
-        elif op.prim == GATHER:
-            self.gather(w, op)
-        elif op.prim in opdefs.SCANS:
-            self.scan(w, op)
         else:
-            self.elementwise(w, op)
+            self.emitter(op)(w, op)
+
+    def emitter(self, op: ir.Op):
+        """The method that emits an op computing values: `(writer, op, name=None)`."""
+        if op.prim in opdefs.SCANS:
+            return self.scan
+        return {"iota": self.iota, GATHER: self.gather}.get(op.prim, self.elementwise)
 
     # ---- memory -----------------------------------------------------------------------------------
     @property

@@ -256,7 +256,7 @@ def _reduced_axes(op: ir.Op, kinds: dict[int, str]) -> str:
 
 
 def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_exp: bool = False) -> TilePlan:
-    moves = sorted({op.prim for op in region.ops if op.prim in opdefs.VIEWS | opdefs.SCANS.keys()})
+    moves = sorted({op.prim for op in region.ops if op.prim in opdefs.VIEWS | opdefs.SCANS})
     if moves:
         raise Unplannable(f"{', '.join(moves)} in a tile (data-moving ops and scans are planned in row "
                           "spaces only)")

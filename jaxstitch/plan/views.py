@@ -229,7 +229,7 @@ class _Sinker:
             now = self.rep.get(v.id, v)
             if now != v:
                 self.ops.append(ir.Op(NEW, "copy", (now,), (v,), ()))
-        return dataclasses.replace(self.region, ops=_live(self.ops, self.region.outputs))
+        return dataclasses.replace(self.region, ops=ir.live(self.ops, self.region.outputs))
 
     # ---- reading a value through a map ---------------------------------------------------------
     def build(self, v: ir.Value, a: Affine) -> ir.Atom:
@@ -402,16 +402,6 @@ class _Sinker:
             if test is not True:
                 inside = test if inside is True else self.emit("and", [inside, test], a.shape, "bool")
         return self._select(inside, filled, inner, a.shape, out.dtype)
-
-
-def _live(ops: list[ir.Op], outputs) -> tuple[ir.Op, ...]:
-    needed = {v.id for v in outputs}
-    kept = []
-    for op in reversed(ops):
-        if any(o.id in needed for o in op.outputs):
-            kept.append(op)
-            needed.update(a.id for a in op.inputs if isinstance(a, ir.Value))
-    return tuple(reversed(kept))
 
 
 def sink(region: Region) -> Region:
