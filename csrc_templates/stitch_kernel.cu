@@ -21,6 +21,7 @@ ${common}
 #define N_TASKS (N_ROWS * SPLITS)
 #define ROW_C0 ${row_c0}
 #define ROW_COLS ${row_cols}
+${functions}
 
 extern "C" __global__ void __launch_bounds__(BLOCK, ${min_blocks}) ${name}(${params}) {
   const int tid = threadIdx.x;

@@ -25,7 +25,13 @@ SOURCES = frozenset({"iota"})
 # Ops that read other elements' values: a kernel computes their operands again where they are read
 # (plan/views.py), as XLA's loop fusion does.
 VIEWS = frozenset({"slice", "split", "pad", "concatenate", "rev", "transpose", "dynamic_slice"})
-REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin"})
+# VARIADIC: `lax.reduce` of several operands at once under a combiner of the user's (a value with its
+# index, say); its `combiner` param is the body as an ir.Graph over scalars (trace.py).
+VARIADIC = "reduce"
+REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "argmax", "argmin", VARIADIC})
+# Reductions that pick an element (with its index) rather than fold values: their partials cannot
+# meet across the blocks of a split row as a float each (mapping.choose's `splittable`).
+PICKING = frozenset({"argmax", "argmin", VARIADIC})
 # Cumulative reductions along the last axis: each element is the fold of the row up to it (from its
 # end, with reverse=True). A kernel walks the row in order.
 SCANS = frozenset({"cumsum", "cumprod", "cummax", "cummin"})
@@ -62,7 +68,31 @@ def unsupported_reason(op: ir.Op) -> str | None:
             return f"{prim} of a bool value"
     if prim in ("argmax", "argmin") and reduce_kind(op) != "row":
         return f"{prim} is stitched only along the last axes"
+    if prim == VARIADIC:
+        return _variadic_reason(op)
     return None
+
+
+def _variadic_reason(op: ir.Op) -> str | None:
+    graph, k = op.param("combiner"), len(op.outputs)
+    if graph is None:
+        return "reduce whose combiner captures arrays"
+    bad = sorted({o.prim for o in graph.ops if o.prim not in ELEMENTWISE})
+    if bad:
+        return f"reduce whose combiner uses {', '.join(bad)} (stitched: elementwise ops)"
+    for v in list(graph.inputs) + [o for g in graph.ops for o in g.outputs]:
+        if v.dtype not in ir.SUPPORTED_DTYPES:
+            return f"reduce whose combiner computes a {v.dtype} value"
+    if not all(isinstance(a, ir.Const) for a in op.inputs[k:]):
+        return "reduce with initial values computed at run time"
+    if reduce_kind(op) != "row":
+        return "reduce (variadic) is stitched only along the last axes"
+    return None
+
+
+def reduced_operands(op: ir.Op) -> tuple[ir.Atom, ...]:
+    """The reduced operands of a reduction (a variadic reduce's, without its initial values)."""
+    return op.inputs[:len(op.outputs)] if op.prim == VARIADIC else op.inputs[:1]
 
 
 def nonunit_axes(shape) -> tuple[int, ...]:

@@ -101,6 +101,33 @@ def survival_fwdbwd(hazard_logits, dy):
     return out, vjp(dy)[0]
 
 
+def top1_pair(a, b):
+    """A combiner for `lax.reduce` over (value, index) pairs: the larger value, the smaller index
+    among equal values. Argmax and its value in one variadic reduce."""
+    (av, ai), (bv, bi) = a, b
+    take = (bv > av) | ((bv == av) & (bi < ai))
+    return jnp.where(take, bv, av), jnp.where(take, bi, ai)
+
+
+def moe_router(logits):
+    """Switch-style top-1 routing of tokens over experts (last axis), in float32: each token's top
+    expert and its top logit in one variadic reduce, the softmax shifted by that logit, the gate
+    (the top expert's probability) and the load-balancing loss (experts times the sum over experts
+    of the fraction of tokens routed to each and its mean probability). Returns (gate in the
+    logits' dtype, expert, loss)."""
+    x = logits.astype(F32)
+    n_experts = x.shape[-1]
+    idx = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    top, expert = jax.lax.reduce((x, idx), (jnp.float32(-jnp.inf), jnp.int32(0)), top1_pair, (x.ndim - 1,))
+    e = jnp.exp(x - top[..., None])
+    total = jnp.sum(e, axis=-1)
+    probs = e / total[..., None]
+    routed = jnp.mean(jax.nn.one_hot(expert, n_experts, dtype=F32), axis=tuple(range(x.ndim - 1)))
+    mean_probs = jnp.mean(probs, axis=tuple(range(x.ndim - 1)))
+    loss = n_experts * jnp.sum(routed * mean_probs)
+    return (1.0 / total).astype(logits.dtype), expert, loss
+
+
 def cross_entropy(logits, labels):
     """Mean softmax cross-entropy over a `VOCAB`-wide last axis (one_hot, not a gather)."""
     logp = jax.nn.log_softmax(logits.astype(F32), axis=-1)
@@ -366,6 +393,9 @@ _SUITE = (
     # renormalize); a survival curve over 512 steps and its gradient (a cumsum, then a reverse one).
     _workload("top_p_filter", top_p_filter, _sorted_logits_inputs, (2048, VOCAB), (64, 4096)),
     _workload("survival_fwdbwd", survival_fwdbwd, partial(_rows_inputs, count=2), (65536, 512), (2048, 512)),
+    # A variadic reduce: mixture-of-experts top-1 routing of 1M tokens over 64 experts (the top
+    # expert with its logit, the gate, the load-balancing loss's column means).
+    _workload("moe_router", moe_router, _rows_inputs, (1 << 20, 64), (4096, 64)),
 )
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _SUITE}

@@ -32,6 +32,8 @@ from hypothesis import event
 from strategies import coarser, force_stitching, random_inputs, region_graphs
 from test_views import CASES as VIEW_CASES, _random as view_inputs
 from test_scans import CASES as SCAN_CASES, random_inputs as scan_inputs
+from test_variadic import CASES as VARIADIC_CASES, random_inputs as variadic_inputs
+from jaxstitch.ops import VARIADIC
 from jaxstitch.ops import SCANS
 from jaxstitch.workloads import TOP_P
 
@@ -66,6 +68,7 @@ ODD_SHAPES = {
     "rmsnorm_rope_fwdbwd": (1007, 512),
     "top_p_filter": (1007, 3001),
     "survival_fwdbwd": (1007, 509),
+    "moe_router": (4099, 61),
 }
 
 # Expected stitched kernels at the quick shapes (as in test_pipeline_cpu.py), with the known bugs that
@@ -663,3 +666,23 @@ HALF_SCANS = {
     "bf16_cumsum": lambda x: np.cumsum(np.asarray(jnp.asarray(x).astype(jnp.bfloat16), np.float64), -1),
     "growth": lambda x: np.cumprod(1.0 + 0.01 * np.asarray(x, np.float64), 1),
 }
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", sorted(VARIADIC_CASES))
+def test_variadic_reduces_match_xla(name, dtype):
+    """Variadic reduces under the user's combiner (argmax/argmin with the value, ties among coarse
+    values; a max with its count; the first index where a mask holds; two sums; the MoE router) in
+    every mapping (rows per warp, warps through shared memory, chunks), forced, against jax.jit.
+    Picked indices must agree exactly."""
+    fun, specs, _ = VARIADIC_CASES[name]
+    seed = (RUN_SEED + zlib.crc32(f"variadic/{name}/{dtype}".encode())) % (1 << 63)
+    args = [jnp.asarray(a, DTYPES[dtype]) for a in variadic_inputs(specs, seed)]
+    what = _msg(f"{name} {dtype}", seed)
+    with force_stitching():
+        report = jaxstitch.explain(fun, *args)
+        assert any(r.stitched and VARIADIC in r.ops for r in report.regions), str(report)
+        want = jax.block_until_ready(jax.jit(fun)(*args))
+        _, got = run_stitched(fun, args, what)
+    for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+        compare(a, c, f"{what} output {i}")

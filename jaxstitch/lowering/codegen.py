@@ -51,7 +51,8 @@ def _phases(k: Kernel, body_ops, grid_ops, level: dict) -> list[_Phase]:
         grids = tuple(op for op in grid_ops if level[op.inputs[0].id] == lv)
         per_elem_grids = tuple(op for op in grids if layout.of(op.inputs[0]).declared == FULL
                                or layout.of(op.outputs[0]).declared == COL)
-        stored = tuple(op.outputs[0] for op in body_ops if _defined_at(k, op, level) == lv)
+        stored = tuple(o for op in body_ops if _defined_at(k, op, level) == lv
+                       for o in (op.outputs if op.prim == opdefs.VARIADIC else op.outputs[:1]))
         chunk_work = bool(lv == 0 or reds or per_elem_grids
                           or any(layout.of(op.outputs[0]).storage in k.per_chunk for op in made)
                           or any(v in k.outputs and layout.of(v).declared in (FULL, COL) for v in stored))
@@ -62,7 +63,9 @@ def _phases(k: Kernel, body_ops, grid_ops, level: dict) -> list[_Phase]:
 def _reduced_in(k: Kernel, op: ir.Op, level: dict) -> int:
     """The phase folding a row reduction's operand: its own, or for an online sum its max's."""
     pair = k.online_by_sum.get(op.outputs[0].id)
-    return level[pair.source_id] if pair else level[op.inputs[0].id]
+    if pair:
+        return level[pair.source_id]
+    return max(level[a.id] for a in opdefs.reduced_operands(op) if isinstance(a, ir.Value))
 
 
 def _defined_at(k: Kernel, op: ir.Op, level: dict) -> int:
@@ -279,6 +282,7 @@ def render(plan) -> Source:
         vec=m.vec, tpr=m.tpr, vpt=m.vpt, chunks=m.chunks, stash_chunks=m.stashed_chunks, rows_per_block=m.rows_per_block, block=m.block,
         min_blocks=m.min_blocks, splits=m.splits, slice=m.slice_cols,
         row_c0="js_c0" if k.split else "0", row_cols="js_ncols" if k.split else "N_COLS", loop_head=loop_head,
-        name=KERNEL_NAME, params=", ".join(params), shared=shared.text(), prologue=pro.text(),
+        name=KERNEL_NAME, params=", ".join(params), functions="\n".join(k.functions.values()),
+        shared=shared.text(), prologue=pro.text(),
         body=body.text(), epilogue=epi.text())
     return Source(code, KERNEL_NAME, tuple(params))

@@ -108,6 +108,8 @@ class Kernel:
         self.carries: list[str] = []
         self.scans_emitted = 0
         self.scan_smem: set[str] = set()
+        # Device functions the kernel calls (a variadic reduce's combiner), by name: defined before it.
+        self.functions: dict[str, str] = {}
 
     # ---- naming -------------------------------------------------------------------------------
     def root(self, vid: int) -> int:

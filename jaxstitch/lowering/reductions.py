@@ -2,9 +2,9 @@
 split row the slices' partials through the workspace) and the accumulation of grid reductions."""
 from __future__ import annotations
 
-from .. import ir
+from .. import ir, ops as opdefs
 from ..plan.layout import COL, FULL
-from .cuda_ops import ARG_REDUCE, REDUCE
+from .cuda_ops import ARG_REDUCE, CTYPE, EXPR, REDUCE, literal
 from .kernel import Kernel, Writer, col_index
 
 
@@ -12,7 +12,10 @@ def reduce_init(k: Kernel, w: Writer, ops: list[ir.Op]):
     """Per-thread partials of the row reductions finishing in this phase."""
     for op in ops:
         o = op.outputs[0]
-        if op.prim in ARG_REDUCE:
+        if op.prim == opdefs.VARIADIC:
+            for out, init in zip(op.outputs, op.inputs[len(op.outputs):]):
+                w(f"{k.ctype(out)} p{out.id} = {literal(init.value, out.dtype)};")
+        elif op.prim in ARG_REDUCE:
             kind = "reduce_max" if ARG_REDUCE[op.prim] == "true" else "reduce_min"
             w(f"float p{o.id} = {REDUCE[kind][1]['float']}; int q{o.id} = 0x7fffffff;")
         else:
@@ -28,12 +31,62 @@ def reduce_accumulate(k: Kernel, w: Writer, ops: list[ir.Op]):
         if o.id in k.online_by_max:
             _online_accumulate(k, w, op)
             continue
-        if op.prim in ARG_REDUCE:
+        if op.prim == opdefs.VARIADIC:
+            elems = [f"({k.ctype(out)})({k.ref(a)})" for out, a in zip(op.outputs, op.inputs)]
+            k.each_element(w, f"{combiner(k, op)}({_partials(op)}, {', '.join(elems)});")
+        elif op.prim in ARG_REDUCE:
             k.each_element(w, f"js_arg_combine<{ARG_REDUCE[op.prim]}>(p{o.id}, q{o.id}, (float){k.ref(src)}, "
                               f"{col_index('e')});")
         else:
             fn, ct = REDUCE[op.prim][0], k.ctype(o)
             k.each_element(w, f"p{o.id} = {fn}(p{o.id}, ({ct}){k.ref(src)});")
+
+
+def combiner(k: Kernel, op: ir.Op) -> str:
+    """The name of a device function folding a variadic reduce's elements into its partials, in place:
+    the reduce's combiner (an ir.Graph over scalars, trace.py) rendered op by op. Defined once per
+    kernel, before it (`k.functions`)."""
+    name = f"js_comb{op.outputs[0].id}"
+    if name in k.functions:
+        return name
+    graph, n = op.param("combiner"), len(op.outputs)
+    names = {v.id: (f"a{i}" if i < n else f"b{i - n}") for i, v in enumerate(graph.inputs)}
+
+    def ref(a: ir.Atom) -> str:
+        return literal(a.value, a.dtype) if isinstance(a, ir.Const) else names[a.id]
+
+    params = [f"{CTYPE[v.dtype]}& a{i}" for i, v in enumerate(graph.inputs[:n])]
+    params += [f"const {CTYPE[v.dtype]} b{i}" for i, v in enumerate(graph.inputs[n:])]
+    lines = [f"__device__ __forceinline__ void {name}({', '.join(params)}) {{"]
+    for g in graph.ops:
+        out = g.outputs[0]
+        names[out.id] = f"c{out.id}"
+        lines.append(f"  const {CTYPE[out.dtype]} c{out.id} = {EXPR[g.prim](g, [ref(a) for a in g.inputs])};")
+    # (all results first: an output may read an accumulator another one overwrites)
+    lines += [f"  const {CTYPE[v.dtype]} r{i} = {ref(a)};" for i, (v, a) in enumerate(zip(graph.inputs, graph.outputs))]
+    lines += [f"  a{i} = r{i};" for i in range(n)] + ["}"]
+    k.functions[name] = "\n".join(lines)
+    return name
+
+
+def _partials(op: ir.Op, prefix: str = "p") -> str:
+    return ", ".join(f"{prefix}{o.id}" for o in op.outputs)
+
+
+def _variadic_group(k: Kernel, w: Writer, op: ir.Op):
+    """A variadic reduce's partials across aligned groups of W lanes (butterfly shuffles). Each pair
+    is combined lower lane first, so both lanes compute the same fold even for a combiner that is not
+    commutative, and every lane of the group ends with the group's partials."""
+    fn, outs = combiner(k, op), op.outputs
+    w("#pragma unroll")
+    w(f"for (int o = {min(k.m.tpr, 32)} / 2; o > 0; o >>= 1) {{")
+    for out in outs:
+        ct = k.ctype(out)
+        shfl = f"__shfl_xor_sync(0xffffffffu, {'(int)' if ct == 'bool' else ''}p{out.id}, o)"
+        w(f"  {ct} t{out.id} = {shfl}{' != 0' if ct == 'bool' else ''};")
+    w(f"  if (lane & o) {{ {fn}({_partials(op, 't')}, {_partials(op)}); {' '.join(f'p{o.id} = t{o.id};' for o in outs)} }}")
+    w(f"  else {fn}({_partials(op)}, {_partials(op, 't')});")
+    w("}")
 
 
 def _online_accumulate(k: Kernel, w: Writer, op: ir.Op):
@@ -68,6 +121,11 @@ def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
     slots = []
     for op in ops:
         o = op.outputs[0]
+        if op.prim == opdefs.VARIADIC:
+            if k.m.tpr > 1:
+                _variadic_group(k, w, op)
+            slots += [(op, ("var", j)) for j in range(len(op.outputs))]
+            continue
         kind = "arg" if op.prim in ARG_REDUCE else k.ctype(o)
         pair = k.online_by_max.get(o.id)
         if k.m.tpr > 1 and o.id in k.online_by_sum:
@@ -85,7 +143,11 @@ def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
         w("if ((tid & 31) == 0) {")
         for i, (op, kind) in enumerate(slots):
             o = op.outputs[0].id
-            if kind == "arg":
+            if isinstance(kind, tuple):  # a variadic reduce's partial j
+                out = op.outputs[kind[1]]
+                arr = "js_red" if k.ctype(out) == "float" else "js_redi"
+                w(f"  {arr}[{bank}][{i}][row_in_block][lane >> 5] = p{out.id};")
+            elif kind == "arg":
                 w(f"  js_red[{bank}][{i}][row_in_block][lane >> 5] = p{o}; js_redi[{bank}][{i}][row_in_block][lane >> 5] = q{o};")
             elif kind == "int":
                 w(f"  js_redi[{bank}][{i}][row_in_block][lane >> 5] = p{o};")
@@ -98,6 +160,10 @@ def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
             o = op.outputs[0].id
             pair = k.online_by_max.get(o)
             if o in k.online_by_sum:
+                continue
+            if isinstance(kind, tuple):
+                if kind[1] == 0:  # the warps' partials in warp order, all outputs at once
+                    _variadic_warps(k, w, op, bank, i)
                 continue
             if pair:
                 j, red = slot_of[pair.sum_id], f"js_red[{bank}]"
@@ -119,8 +185,22 @@ def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
         if pair:  # a row of -inf only: x - max is NaN in every term, as the two-pass sum has it
             w(f"if (p{pair.max_id} == -JS_INF) p{pair.sum_id} = JS_NAN;")
     for op, kind in slots:
-        o = op.outputs[0]
+        o = op.outputs[kind[1]] if isinstance(kind, tuple) else op.outputs[0]
         w(f"const {k.ctype(o)} v{o.id} = {'q' if kind == 'arg' else 'p'}{o.id};")
+
+
+def _variadic_warps(k: Kernel, w: Writer, op: ir.Op, bank: int, first: int):
+    """Every thread folds the row's warp partials (slots first.. of js_red / js_redi) in warp order."""
+    def at(j: int, warp: str) -> str:
+        out = op.outputs[j]
+        arr = "js_red" if k.ctype(out) == "float" else "js_redi"
+        return f"({k.ctype(out)}){arr}[{bank}][{first + j}][row_in_block][{warp}]"
+
+    n = len(op.outputs)
+    for j, out in enumerate(op.outputs):
+        w(f"p{out.id} = {at(j, '0')};")
+    args = ", ".join(at(j, "j") for j in range(n))
+    w(f"for (int j = 1; j < NWARPS_ROW; ++j) {combiner(k, op)}({_partials(op)}, {args});")
 
 
 def combine_slices(k: Kernel, w: Writer, slots):

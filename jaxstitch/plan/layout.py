@@ -175,7 +175,9 @@ def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
                 raise Unplannable(f"{op.prim} of a value that is not the full {n}x{c} rows")
             placed[out.id] = Placed(out, FULL, FULL, level)
         elif op.prim in opdefs.REDUCTIONS:
-            placed[out.id] = _place_reduction(op, ins[0], n, c)
+            operands = [get(a) for a in opdefs.reduced_operands(op) if isinstance(a, ir.Value)]
+            for o in op.outputs:
+                placed[o.id] = _place_reduction(op, o, operands, n, c)
             if out.id in online_sums:
                 placed[out.id] = dataclasses.replace(placed[out.id], level=ins[0].level)
         else:
@@ -187,7 +189,7 @@ def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
         if p.level != EPILOGUE and p.declared == COL and p.storage == FULL:
             raise Unplannable("a column value varies over rows")
     return Layout(n, c, tuple(placed[v.id] for v in region.inputs)
-                  + tuple(placed[o.id] for op in region.ops for o in op.outputs[:1]))
+                  + tuple(placed[o.id] for op in region.ops for o in op.outputs if o.id in placed))
 
 
 def _input_hints(region: Region, n: int, c: int) -> dict[int, str]:
@@ -243,12 +245,14 @@ def _place_iota(op: ir.Op, n: int, c: int) -> Placed:
     return Placed(out, decl, storage, 0, (stride, shape[dim]))
 
 
-def _place_reduction(op: ir.Op, src: Placed, n: int, c: int) -> Placed:
-    out = op.outputs[0]
+def _place_reduction(op: ir.Op, out: ir.Value, operands: list[Placed], n: int, c: int) -> Placed:
+    """`out` (one of op's outputs) from the placed reduced operands (several for a variadic reduce)."""
+    src = max(operands, key=lambda p: p.level)
     kind = opdefs.reduce_kind(op)
     if kind == "row":
-        if src.declared != FULL:
-            raise Unplannable(f"{op.prim} reduces a {src.declared} value over part of it")
+        for p in operands:
+            if p.declared != FULL:
+                raise Unplannable(f"{op.prim} reduces a {p.declared} value over part of it")
         return Placed(out, _declared(out, n, c, ROW), ROW, src.level + 1)
     if kind == "grid":
         if src.level == EPILOGUE:

@@ -223,7 +223,7 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
            target: Target, tuning: Tuning = Tuning(), stash_itemsizes: tuple[int, ...] = (),
            splittable: bool = True) -> Mapping:
     """`stash_itemsizes`: the item sizes of the row inputs (those a stash would keep); `splittable`:
-    whether a row's reductions may be combined across blocks (not argmax/argmin, not scans)."""
+    whether a row's reductions may be combined across blocks (not ops.PICKING, not scans)."""
     n, c = layout.n_rows, layout.n_cols
     # Every array moved per element, by its declared kind too: a broadcast row stored as an output
     # is written at full size though it is held as one register.

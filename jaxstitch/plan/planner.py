@@ -135,8 +135,8 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         return _plan_tile(original, target, tuning, relaxed, str(e))
     try:
         grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
-        if any(op.prim in ("argmax", "argmin") for op in grid_ops):
-            raise Unplannable("argmax/argmin over the whole grid")
+        if any(op.prim in opdefs.PICKING for op in grid_ops):
+            raise Unplannable("argmax/argmin/variadic reduce over the whole grid")
         row_inputs = [v for v in region.inputs if layout.of(v).storage == FULL]
         row_reductions = [op for op in region.ops if opdefs.is_row_reduction(op)]
         # (a scan's carry runs through the row in order: its slices are not split over blocks)
@@ -144,7 +144,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         mp = mapping_mod.choose(layout, list(region.inputs) + list(region.outputs),
                                 _live_arrays(region, layout), bool(grid_ops), target, tuning,
                                 stash_itemsizes=tuple(v.itemsize for v in row_inputs),
-                                splittable=not any(op.prim in ("argmax", "argmin") for op in row_reductions)
+                                splittable=not any(op.prim in opdefs.PICKING for op in row_reductions)
                                 and not scans)
         if mp.chunks > 1 and len({op.param("reverse") for op in scans}) > 1:
             raise Unplannable(f"scans in both directions along rows of {mp.n_cols} walked in {mp.chunks} "

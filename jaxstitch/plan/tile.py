@@ -278,7 +278,7 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
     compute = [op for op in region.ops if not opdefs.is_layout(op)]
     for op in compute:
         if op.prim in opdefs.REDUCTIONS:
-            if op.prim in ("argmax", "argmin"):
+            if op.prim in opdefs.PICKING:
                 raise Unplannable(f"{op.prim} in a tile")
             if N in _reduced_axes(op, kinds):
                 raise Unplannable(f"{op.prim} over the batch axes (a column reduction) in a tile")
