@@ -40,7 +40,8 @@ def _bottom1(a, b):
 
 
 def argmin_with_value(x):  # of coarse values (many ties: the smallest index wins; exact in bfloat16)
-    v, i = lax.reduce((jnp.round(x * 2.0), _index(x)), (jnp.inf, INT_MAX), _bottom1, (x.ndim - 1,))
+    v, i = lax.reduce((jnp.round(x * 2.0), _index(x)), (jnp.array(jnp.inf, x.dtype), INT_MAX), _bottom1,
+                      (x.ndim - 1,))
     return v, i
 
 
