@@ -1,6 +1,8 @@
-"""Every suite workload (quick shapes, plus long and odd shapes) stitched once: a short program for
+"""Every suite workload (quick shapes, plus long and odd shapes) and the scan and variadic-reduce
+test cases (tests/test_scans.py, tests/test_variadic.py) stitched once: a short program for
 compute-sanitizer, whose memcheck / racecheck / synccheck then see every kind of kernel we generate
-(register rows, shared-memory reductions, async staging, shared and global stashes, grid barriers).
+(register rows, shared-memory reductions, async staging, shared and global stashes, grid barriers,
+scans' warp totals, combiners' warp partials).
 
     compute-sanitizer --tool racecheck --kernel-name kns=jaxstitch_kernel python3 scripts/sanitize_run.py [START:STOP]
 
@@ -22,26 +24,40 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jaxstitch  # noqa: E402
 from jaxstitch.workloads import WORKLOADS  # noqa: E402
 from strategies import force_stitching  # noqa: E402
+from test_scans import CASES as SCAN_CASES  # noqa: E402
+from test_variadic import CASES as VARIADIC_CASES  # noqa: E402
 
 UNFORCED = ("adamw_bert",)
 EXTRA = [("softmax_fwdbwd", (5, 40000)), ("xent_fwdbwd", (64, 32000)), ("layernorm_fwdbwd", (37, 1021))]
 
-cases = [(name, tuple(w.quick_shape)) for name, w in WORKLOADS.items()] + EXTRA
+
+def _test_case(fun, specs):
+    def draw(key, dtype):
+        rng = np.random.default_rng(1)
+        return [jnp.asarray(rng.standard_normal(s.shape).astype(np.float32), dtype) for s in specs]
+    return fun, draw
+
+
+cases = [(name, shape, WORKLOADS[name].fn, lambda key, dtype, name=name, shape=shape:
+          WORKLOADS[name].draw(key, dtype, *shape))
+         for name, shape in [(n, tuple(w.quick_shape)) for n, w in WORKLOADS.items()] + EXTRA]
+cases += [(f"{kind}/{n}", specs[0].shape, *_test_case(fun, specs))
+          for kind, table in (("scans", SCAN_CASES), ("variadic", VARIADIC_CASES))
+          for n, (fun, specs, _) in table.items()]
 if len(sys.argv) > 1:  # a slice "START:STOP" of the cases (a crash of the tool then loses less)
     start, _, stop = sys.argv[1].partition(":")
     cases = cases[int(start or 0):int(stop) if stop else None]
 bad = 0
-for name, shape in cases:
+for name, shape, fn, draw in cases:
     with contextlib.nullcontext() if name in UNFORCED else force_stitching():
         for dtype in (jnp.float32, jnp.bfloat16):
-            w = WORKLOADS[name]
-            args = w.draw(jax.random.key(1), dtype, *shape)
+            args = draw(jax.random.key(1), dtype)
             if (name, shape) in EXTRA:
                 os.environ["JAXSTITCH_TUNE"] = "splits=0"  # read when jaxstitch.jit is made
-            got = jax.block_until_ready(jaxstitch.jit(w.fn)(*args))
-            n = jaxstitch.explain(w.fn, *args).stitched_kernels
+            got = jax.block_until_ready(jaxstitch.jit(fn)(*args))
+            n = jaxstitch.explain(fn, *args).stitched_kernels
             os.environ.pop("JAXSTITCH_TUNE", None)
-            want = jax.block_until_ready(jax.jit(w.fn)(*args))
+            want = jax.block_until_ready(jax.jit(fn)(*args))
             err = max(float(np.max(np.abs(np.asarray(g, np.float32) - np.asarray(x, np.float32))))
                       / max(float(np.max(np.abs(np.asarray(x, np.float32)))), 1e-30)
                       for g, x in zip(jax.tree.leaves(got), jax.tree.leaves(want)))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import ops as opdefs
+from .. import ir, ops as opdefs
 from ..partition import Region
 from ..targets import Target
 from . import cost, mapping as mapping_mod, tile, views
@@ -182,7 +182,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     est = cost.estimate(layout, [v for v in region.inputs if layout.of(v).storage != MEMORY], region.outputs,
                         len(grid_ops), ws, target, gathered_bytes=_gathered_bytes(region, layout),
                         rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms, split_rounds=split_rounds,
-                        n_scans=len(scans))
+                        n_scans=len(scans), views_after_reduction=_views_after_reduction(original))
     gain = min_gain(tuning)
     idle = None
     if est.speedup < gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:
@@ -190,6 +190,19 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                 f"{mp.rows_per_block} per block{', ' + str(mp.splits) + ' blocks per row' if mp.splits > 1 else ''}): "
                 f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
     return RegionPlan(original, kernel, est, _decline_reason(region, est, gain, idle, tuning.min_gain_pct is not None))
+
+
+def _views_after_reduction(region: Region) -> bool:
+    """Whether a data-moving op (ops.VIEWS) reads, through any ops, a row reduction's result: XLA
+    then runs what follows the reduction as a kernel of its own (cost.estimate)."""
+    reduced: set[int] = set()
+    for op in region.ops:
+        ids = {a.id for a in op.inputs if isinstance(a, ir.Value)}
+        if op.prim in opdefs.VIEWS and ids & reduced:
+            return True
+        if opdefs.is_row_reduction(op) or ids & reduced:
+            reduced.update(o.id for o in op.outputs)
+    return False
 
 
 def _decline_reason(region: Region, est: cost.Estimate, min_gain: float, idle: str | None,
