@@ -46,6 +46,11 @@ SCAN_XLA_PASSES = 4
 # concatenate or pad of its result: those run as a second kernel that reads the row inputs again.
 # Measured on an H100 (session 9): an RMS norm followed by a rotary embedding's slices and
 # concatenate, [16384, 2048] float32: 2 XLA kernels, 188 us at 49% of the roofline.
+# A kernel that reads full-size values through gathers (index arithmetic per vector, several shifted
+# views of one input) takes about its float32 time whatever the dtype, so half-precision bytes
+# count as 4-byte ones for our side: the RMS norm + rotary embedding on an H100, forward 134 / 115 us
+# and forward+backward 366 / 363 us for float32 / bfloat16 (sessions 9 and 11).
+GATHER_KERNEL_ITEMSIZE = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,27 +66,32 @@ class Estimate:
         return self.xla_us / self.us if self.us else 1.0
 
 
-def _nbytes(p, layout: Layout) -> int:
+def _nbytes(p, layout: Layout, min_itemsize: int = 1) -> int:
     n, c = layout.n_rows, layout.n_cols
     elems = {FULL: n * c, ROW: n, COL: c}.get(p.declared, 1)
-    return elems * p.value.itemsize
+    return elems * max(p.value.itemsize, min_itemsize)
 
 
 def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
              target: Target, rereads: bool = False, busy_sms: int | None = None,
              split_rounds: int = 0, gathered_bytes: int = 0, n_scans: int = 0,
-             views_after_reduction: bool = False) -> Estimate:
+             views_after_reduction: bool = False, widened_gathered_bytes: int | None = None) -> Estimate:
     """`rereads`: phases after the first read their row inputs again from global memory (L2);
     `busy_sms`: the SMs our grid occupies (fewer than the target has when there are few rows);
     `split_rounds`: rounds of (row, slice) tasks when rows are split over blocks, each crossing a
     grid barrier per row reduction level; `gathered_bytes`: what gathers read of inputs not in
     `inputs` (plan/views.py); `n_scans`: scans along rows (XLA's extra kernels, SCAN_XLA_*);
-    `views_after_reduction`: a data-moving op reads a row reduction's result (XLA_VIEW_SPLIT)."""
+    `views_after_reduction`: a data-moving op reads a row reduction's result (XLA_VIEW_SPLIT);
+    `widened_gathered_bytes`: set when the kernel reads full-size values through gathers, what
+    they read counted at GATHER_KERNEL_ITEMSIZE bytes an element."""
     bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
     io = [layout.of(v) for v in inputs] + [layout.of(v) for v in outputs]
     must_move = sum(_nbytes(p, layout) for p in io) + gathered_bytes
     efficiency = SPLIT_EFFICIENCY if split_rounds else OUR_EFFICIENCY
-    ours = (must_move + 2 * workspace_bytes) / (bw * efficiency) + target.launch_us
+    ours_moved = must_move
+    if widened_gathered_bytes is not None:
+        ours_moved = sum(_nbytes(p, layout, GATHER_KERNEL_ITEMSIZE) for p in io) + widened_gathered_bytes
+    ours = (ours_moved + 2 * workspace_bytes) / (bw * efficiency) + target.launch_us
     full_in = sum(_nbytes(layout.of(v), layout) for v in inputs if layout.of(v).declared == FULL)
     row_levels = max((p.level for p in layout.values if p.level != EPILOGUE), default=0)
     grid_syncs = (1 if n_grid_reductions else 0) + row_levels * split_rounds

@@ -94,14 +94,16 @@ def _live_arrays(region: Region, layout: Layout) -> int:
     return count
 
 
-def _gathered_bytes(region: Region, layout: Layout) -> int:
+def _gathered_bytes(region: Region, layout: Layout, min_itemsize: int = 1) -> int:
     """Bytes the kernel's gathers read from inputs it does not also read directly: each such input's
-    gathered elements, at most its size (gathers of the same rows meet in L1 and L2)."""
+    gathered elements, at most its size (gathers of the same rows meet in L1 and L2); elements
+    counted at `min_itemsize` bytes at least."""
     per_input: dict = {}
     for op in region.ops:
         if op.prim == GATHER and layout.of(op.inputs[0]).storage == MEMORY:
             src = op.inputs[0]
-            per_input[src] = min(src.nbytes, per_input.get(src, 0) + op.outputs[0].nbytes)
+            width = max(src.itemsize, min_itemsize)
+            per_input[src] = min(src.size * width, per_input.get(src, 0) + op.outputs[0].size * width)
     return sum(per_input.values())
 
 
@@ -182,7 +184,10 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     est = cost.estimate(layout, [v for v in region.inputs if layout.of(v).storage != MEMORY], region.outputs,
                         len(grid_ops), ws, target, gathered_bytes=_gathered_bytes(region, layout),
                         rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms, split_rounds=split_rounds,
-                        n_scans=len(scans), views_after_reduction=_views_after_reduction(original))
+                        n_scans=len(scans), views_after_reduction=_views_after_reduction(original),
+                        widened_gathered_bytes=_gathered_bytes(region, layout, cost.GATHER_KERNEL_ITEMSIZE)
+                        if any(op.prim == GATHER and layout.of(op.outputs[0]).storage == FULL for op in region.ops)
+                        else None)
     gain = min_gain(tuning)
     idle = None
     if est.speedup < gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:
