@@ -33,6 +33,7 @@ from strategies import coarser, force_stitching, random_inputs, region_graphs
 from test_views import CASES as VIEW_CASES, _random as view_inputs
 from test_scans import CASES as SCAN_CASES, random_inputs as scan_inputs
 from test_variadic import CASES as VARIADIC_CASES, random_inputs as variadic_inputs
+from test_tile_transpose import CASES as TRANSPOSE_CASES, random_inputs as transpose_inputs
 from jaxstitch.ops import VARIADIC
 from jaxstitch.ops import SCANS
 from jaxstitch.workloads import TOP_P
@@ -682,6 +683,24 @@ def test_variadic_reduces_match_xla(name, dtype):
     with force_stitching():
         report = jaxstitch.explain(fun, *args)
         assert any(r.stitched and VARIADIC in r.ops for r in report.regions), str(report)
+        want = jax.block_until_ready(jax.jit(fun)(*args))
+        _, got = run_stitched(fun, args, what)
+    for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+        compare(a, c, f"{what} output {i}")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", sorted(TRANSPOSE_CASES))
+def test_transposed_tiles_match_xla(name, dtype):
+    """Transposes of the minor axis in batches of small tiles (inputs read transposed from shared or
+    global memory, outputs stored transposed), forced, against jax.jit."""
+    fun, specs = TRANSPOSE_CASES[name]
+    seed = (RUN_SEED + zlib.crc32(f"transpose/{name}/{dtype}".encode())) % (1 << 63)
+    args = [jnp.asarray(a, DTYPES[dtype]) for a in transpose_inputs(specs, seed)]
+    what = _msg(f"{name} {dtype}", seed)
+    with force_stitching():
+        report = jaxstitch.explain(fun, *args)
+        assert any(r.stitched and "transpose" in r.ops for r in report.regions), str(report)
         want = jax.block_until_ready(jax.jit(fun)(*args))
         _, got = run_stitched(fun, args, what)
     for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):

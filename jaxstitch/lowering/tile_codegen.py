@@ -54,11 +54,12 @@ class _Emitter:
             return literal(self.consts[rid].value, a.dtype)
         t = self.plan.of(a)
         v = t.value
-        if t.home == T.STASH:
-            idx = {T.FULL: "a * TB + b", T.A: "a", T.B: "b", T.ROW: "0"}[t.domain]
+        if t.home == T.STASH:  # (a transposed input lies in shared memory as in global memory)
+            full = "b * TA + a" if t.order else "a * TB + b"
+            idx = {T.FULL: full, T.A: "a", T.B: "b", T.ROW: "0"}[t.domain]
             return f"js_io<{STYPE[v.dtype]}>::get(sm{v.id}[{idx}])"
         if t.home == T.GLOBAL:
-            return f"js_io<{STYPE[v.dtype]}>::get(in{self.inputs[v.id]}[{_index(t.kind)}])"
+            return f"js_io<{STYPE[v.dtype]}>::get(in{self.inputs[v.id]}[{_index(t.order or t.kind)}])"
         if t.home == T.ARRAY and (t.epoch < 0 or self.epoch >= t.array_epoch):
             return f"sm{v.id}[{_INDEX[t.domain]}]"
         if t.home == T.REG:
@@ -143,9 +144,12 @@ def _row_step(em: _Emitter, w: Writer, step: T.TileStep):
 
 
 def _each(em: _Emitter, w: Writer, step: T.TileStep):
+    """A loop over the tile's elements, b fastest; a fastest when it stores only transposed tiles
+    (each warp's stores then contiguous, the reads transposed in shared memory)."""
     reds = [(op, *_reduce(op)) for op in step.ops]
-    _fold(em, w, reds, "for (int i = tid; i < TILE; i += BLOCK)", first="const int a = i / TB, b = i % TB;",
-          stores=step.stores)
+    transposed = step.stores and all(em.plan.out_kind(o).endswith(T.B + T.A) for o in step.stores)
+    first = "const int b = i / TA, a = i % TA;" if transposed else "const int a = i / TB, b = i % TB;"
+    _fold(em, w, reds, "for (int i = tid; i < TILE; i += BLOCK)", first=first, stores=step.stores)
     for op, ct, fn, ident in reds:
         out = op.outputs[0]
         w(f"acc{out.id} = js_group_reduce<32>(acc{out.id}, {fn});")

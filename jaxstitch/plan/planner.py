@@ -128,8 +128,8 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     original = region
     try:
         region = views.sink(region)
-    except Unplannable as e:
-        return RegionPlan(original, None, None, str(e))
+    except Unplannable as e:  # (a transpose of a tile's two axes: through shared memory, plan/tile.py)
+        return _plan_tile(original, target, tuning, relaxed, str(e))
     online = find_online_sums(region.ops) if tuning.online else ()
     try:
         layout = place(region, frozenset(o.sum_id for o in online))

@@ -11,6 +11,11 @@ the block's threads over the tile, ordered so that every sum is deterministic.
 Planning labels every dimension of every value with the tile axis it runs along ("n": the batch
 rows, "a", "b": the tile's two axes), then schedules the ops into *epochs* separated by block
 barriers: a value written to shared memory in one epoch is read in the next.
+
+A transpose of the tile's two axes moves no data here: the tile is held by its axes, so a transposed
+value is another name for its operand, and only its memory order differs (a value's `order`, e.g.
+"nba": its dimensions run along n, b, a). An input in that order is copied into shared memory as it
+lies and read there transposed; an output in that order is stored by a loop walking a fastest.
 """
 from __future__ import annotations
 
@@ -66,7 +71,7 @@ XLA_MIDDLE_AXIS_EFFICIENCY = 0.35
 @dataclasses.dataclass(frozen=True)
 class TileValue:
     value: ir.Value
-    kind: str            # the axes it spans, in order: "nab", "na", "b", "" ...
+    kind: str            # the axes it spans, in tile order: "nab", "na", "b", "" ...
     home: str            # STASH, GLOBAL, INLINE, ARRAY or REG
     epoch: int           # first epoch it can be read inline / in registers (-1: never)
     array_epoch: int = -1  # first epoch its shared-memory array can be read (-1: none)
@@ -74,6 +79,7 @@ class TileValue:
     partial_offset: int = -1
     iota_axis: str = ""  # for iota values: the tile axis their dimension runs along
     copy: str = ""       # stashed inputs: ASYNC, REGS or SYNC
+    order: str = ""      # inputs: the axes in memory order when transposed ("nba"), else ""
 
     @property
     def domain(self) -> str:
@@ -124,7 +130,7 @@ class TilePlan:
     mapping: TileMapping
     alias: tuple[tuple[int, int], ...]   # layout op outputs -> the value they name
     epochs: int
-    out_kinds: tuple[tuple[int, str], ...] = ()  # each region output's kind (outputs may be aliases)
+    out_kinds: tuple[tuple[int, str], ...] = ()  # each region output's axes in memory order (outputs may be aliases)
     workspace_bytes: int = 0
     fast_exp: bool = False
     scheme: str = "regional"
@@ -159,17 +165,19 @@ def _tile_shape(region: Region) -> tuple[int, ...]:
     return shape
 
 
-def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, list]]:
-    """The tile shape (batch dims..., A, B), each value's kind ("nab", "na", "b", ...) and each of its
-    dimensions' label ("n0".., "a", "b", or "1" for a unit dimension)."""
+def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, list], dict[int, str]]:
+    """The tile shape (batch dims..., A, B), each value's kind ("nab", "na", "b", ...), each of its
+    dimensions' label ("n0".., "a", "b", or "1" for a unit dimension), and its axes in memory order
+    ("nba" for a transposed tile, else its kind)."""
     shape = _tile_shape(region)
     names = [f"n{i}" for i in range(len(shape) - 2)] + [A, B]
     labels: dict[int, list] = {}
     values = {v.id: v for v in region.inputs}
     values.update({o.id: o for op in region.ops for o in op.outputs})
+    transposed = {op.outputs[0].id for op in region.ops if op.prim == "transpose"}
     for v in values.values():
         labels[v.id] = [("1" if d == 1 else None) for d in v.shape]
-        if tuple(d for d in v.shape if d != 1) == shape:
+        if tuple(d for d in v.shape if d != 1) == shape and v.id not in transposed:
             it = iter(names)
             labels[v.id] = ["1" if d == 1 else next(it) for d in v.shape]
 
@@ -198,6 +206,10 @@ def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, li
                                 changed |= unify(a, i, out, i)
                     elif a.shape:
                         raise Unplannable(f"{op.prim} of operands of different ranks")
+            elif op.prim == "transpose":  # output dimension j is operand dimension perm[j]
+                for j, i in enumerate(op.param("permutation")):
+                    if ins[0].shape[i] != 1:
+                        changed |= unify(ins[0], i, out, j)
             elif op.prim == "broadcast_in_dim" and ins:
                 for i, d in enumerate(op.param("broadcast_dimensions")):
                     if ins[0].shape[i] != 1:
@@ -223,20 +235,23 @@ def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, li
                 fit = [name for name in names if sizes[name] == values[vid].shape[i]]
                 if len(fit) == 1:
                     ls[i] = fit[0]
-    kinds = {}
+    kinds, orders = {}, {}
     order = {name: i for i, name in enumerate(names)}
     for vid, ls in labels.items():
         real = [x for x in ls if x != "1"]
         if None in real:
             raise Unplannable(f"a value of shape {values[vid].shape} has an axis of no tile axis")
         pos = [order[x] for x in real]
-        if pos != sorted(pos) or len(set(pos)) != len(pos):
-            raise Unplannable(f"a value of shape {values[vid].shape} is transposed against the tile")
+        tile_axes = [x for x in real if not x.startswith("n")]
+        if len(set(pos)) != len(pos) or real[:len(real) - len(tile_axes)] != sorted(
+                [x for x in real if x.startswith("n")], key=order.get):
+            raise Unplannable(f"a value of shape {values[vid].shape} is transposed against the tile's batch axes")
         batch = [x for x in real if x.startswith("n")]
         if batch and len(batch) != len(names) - 2:
             raise Unplannable(f"a value of shape {values[vid].shape} spans part of the batch axes")
-        kinds[vid] = (N if batch else "") + "".join(x for x in real if not x.startswith("n"))
-    return shape, kinds, labels
+        kinds[vid] = (N if batch else "") + "".join(sorted(tile_axes))
+        orders[vid] = (N if batch else "") + "".join(tile_axes)
+    return shape, kinds, labels, orders
 
 
 def _iota_axis(op: ir.Op, labels: dict[int, list]) -> str:
@@ -256,15 +271,15 @@ def _reduced_axes(op: ir.Op, kinds: dict[int, str]) -> str:
 
 
 def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_exp: bool = False) -> TilePlan:
-    moves = sorted({op.prim for op in region.ops if op.prim in opdefs.VIEWS | opdefs.SCANS})
+    moves = sorted({op.prim for op in region.ops if op.prim in opdefs.VIEWS | opdefs.SCANS} - {"transpose"})
     if moves:
-        raise Unplannable(f"{', '.join(moves)} in a tile (data-moving ops and scans are planned in row "
-                          "spaces only)")
-    shape, kinds, labels = label(region)
+        raise Unplannable(f"{', '.join(moves)} in a tile (data-moving ops other than transposes, and scans, "
+                          "are planned in row spaces only)")
+    shape, kinds, labels, orders = label(region)
     n_rows, ta, tb = math.prod(shape[:-2]), shape[-2], shape[-1]
     alias = {}
     for op in region.ops:
-        if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Value):
+        if _names_its_operand(op):
             alias[op.outputs[0].id] = op.inputs[0].id
 
     def root(vid):
@@ -275,7 +290,7 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
     def dom(vid):
         return kinds[vid].replace(N, "")
 
-    compute = [op for op in region.ops if not opdefs.is_layout(op)]
+    compute = [op for op in region.ops if not opdefs.is_layout(op) and op.prim != "transpose"]
     for op in compute:
         if op.prim in opdefs.REDUCTIONS:
             if op.prim in opdefs.PICKING:
@@ -301,10 +316,10 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
             count = v.size // n_rows
             copy = (ASYNC if count * v.itemsize % 16 == 0 else
                     REGS if count <= MAX_REGS_PER_THREAD * block else SYNC)
-            tv[v.id] = TileValue(v, kinds[v.id], STASH, 0, 0, stage, copy=copy)
+            tv[v.id] = TileValue(v, kinds[v.id], STASH, 0, 0, stage, copy=copy, order=_transposed(orders[v.id]))
             stage += _pad(count * v.itemsize)
         else:
-            tv[v.id] = TileValue(v, kinds[v.id], GLOBAL, 0)
+            tv[v.id] = TileValue(v, kinds[v.id], GLOBAL, 0, order=_transposed(orders[v.id]))
     smem = 2 * stage
 
     def need(a, consumer_domain: str) -> int:
@@ -411,7 +426,17 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
         ordered.append(TileStep(e, loop, tuple(s["ops"]), tuple(s["finish"]), tuple(s["stores"])))
     epochs = max([s.epoch for s in ordered] + [0])
     return TilePlan(region, tuple(tv[v] for v in tv), tuple(ordered), mapping, tuple(alias.items()),
-                    epochs, tuple((v.id, kinds[v.id]) for v in region.outputs), fast_exp=fast_exp)
+                    epochs, tuple((v.id, orders[v.id]) for v in region.outputs), fast_exp=fast_exp)
+
+
+def _names_its_operand(op: ir.Op) -> bool:
+    """A layout op or a transpose: in a tile, its result is its operand under another name."""
+    return (opdefs.is_layout(op) or op.prim == "transpose") and isinstance(op.inputs[0], ir.Value)
+
+
+def _transposed(order: str) -> str:
+    """`order` if it runs b before a (a transposed tile), else "" (the tile's own order)."""
+    return order if order.endswith(B + A) else ""
 
 
 def one_wave(mapping: TileMapping, registers: int, target: Target) -> TileMapping:
