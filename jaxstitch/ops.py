@@ -76,7 +76,7 @@ def unsupported_reason(op: ir.Op) -> str | None:
 def _variadic_reason(op: ir.Op) -> str | None:
     graph, k = op.param("combiner"), len(op.outputs)
     if graph is None:
-        return "reduce whose combiner captures arrays"
+        return "reduce whose combiner captures constants"
     bad = sorted({o.prim for o in graph.ops if o.prim not in ELEMENTWISE})
     if bad:
         return f"reduce whose combiner uses {', '.join(bad)} (stitched: elementwise ops)"

@@ -156,19 +156,16 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
 def _reduce_params(eqn: Eqn) -> tuple[tuple[str, Any], ...]:
     """A variadic `reduce`'s reduced axes (as `axes`, like reduce_sum's) and its combiner: the body
     jaxpr flattened to an `ir.Graph` over scalars, (accumulators..., elements...) -> accumulators...,
-    or None when it captures arrays (planning then leaves the reduce to XLA)."""
+    or None when it captures constants (planning then leaves the reduce to XLA)."""
     if eqn.primitive.name != "reduce":
         return ()
     closed = eqn.params["jaxpr"]
-    combiner = None
-    if not any(np.ndim(c) for c in closed.consts):
-        fl = _Flattener()
-        ins = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
-        outs = fl.run(closed.jaxpr, closed.consts, ins)
-        ops = tuple(ir.Op(i, e.primitive.name, e.inputs, e.outputs, _hashable_params(e.params))
-                    for i, e in enumerate(_live_eqns(fl.eqns, outs)))
-        if not fl.consts:
-            combiner = ir.Graph(ins, tuple(outs), ops)
+    fl = _Flattener()
+    ins = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
+    outs = fl.run(closed.jaxpr, closed.consts, ins)
+    ops = tuple(ir.Op(i, e.primitive.name, e.inputs, e.outputs, _hashable_params(e.params))
+                for i, e in enumerate(_live_eqns(fl.eqns, outs)))
+    combiner = None if fl.consts else ir.Graph(ins, tuple(outs), ops)
     return (("axes", tuple(int(d) for d in eqn.params["dimensions"])), ("combiner", combiner))
 
 

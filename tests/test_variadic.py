@@ -16,6 +16,7 @@ from jaxstitch import ops as opdefs
 from jaxstitch.workloads import moe_router, top1_pair
 
 INT_MAX = int(np.iinfo(np.int32).max)
+WEIGHTS = np.array([2.0, 3.0], np.float32)
 
 
 def f32(*shape):
@@ -135,6 +136,8 @@ def test_a_variadic_reduce_is_not_split_over_blocks():
      "stitched only along the last axes"),
     (lambda x: lax.reduce(jnp.exp(x), 1.0, lambda a, b: lax.nextafter(a, b), (1,)), (f32(64, 32),),
      "combiner uses nextafter"),
+    (lambda x: lax.reduce(x, 0.0, lambda a, b: a + b * jnp.asarray(WEIGHTS)[1], (1,)), (f32(64, 32),),
+     "combiner captures constants"),
 ])
 def test_unstitchable_variadic_reduces_say_why(fun, specs, reason):
     report = jaxstitch.explain(fun, *specs, target="h100")

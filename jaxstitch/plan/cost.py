@@ -81,7 +81,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     `split_rounds`: rounds of (row, slice) tasks when rows are split over blocks, each crossing a
     grid barrier per row reduction level; `gathered_bytes`: what gathers read of inputs not in
     `inputs` (plan/views.py); `n_scans`: scans along rows (XLA's extra kernels, SCAN_XLA_*);
-    `views_after_reduction`: a data-moving op reads a row reduction's result (XLA_VIEW_SPLIT);
+    `views_after_reduction`: a data-moving op reads a row reduction's result (XLA: a second kernel
+    re-reading the row inputs, see above);
     `widened_gathered_bytes`: set when the kernel reads full-size values through gathers, what
     they read counted at GATHER_KERNEL_ITEMSIZE bytes an element."""
     bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
