@@ -693,14 +693,15 @@ def test_variadic_reduces_match_xla(name, dtype):
 @pytest.mark.parametrize("name", sorted(TRANSPOSE_CASES))
 def test_transposed_tiles_match_xla(name, dtype):
     """Transposes of the minor axis in batches of small tiles (inputs read transposed from shared or
-    global memory, outputs stored transposed), forced, against jax.jit."""
+    global memory, outputs stored transposed), reshapes merging or splitting a tile's two axes,
+    forced, against jax.jit."""
     fun, specs = TRANSPOSE_CASES[name]
     seed = (RUN_SEED + zlib.crc32(f"transpose/{name}/{dtype}".encode())) % (1 << 63)
     args = [jnp.asarray(a, DTYPES[dtype]) for a in transpose_inputs(specs, seed)]
     what = _msg(f"{name} {dtype}", seed)
     with force_stitching():
         report = jaxstitch.explain(fun, *args)
-        assert any(r.stitched and "transpose" in r.ops for r in report.regions), str(report)
+        assert any(r.stitched and {"transpose", "reshape"} & set(r.ops) for r in report.regions), str(report)
         want = jax.block_until_ready(jax.jit(fun)(*args))
         _, got = run_stitched(fun, args, what)
     for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):

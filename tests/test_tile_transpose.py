@@ -1,5 +1,6 @@
 """Transposes of the minor axis inside batches of small tiles (plan/tile.py): a tile is held in
-shared memory by its two axes, so reading or writing it transposed costs no uncoalesced access.
+shared memory by its two axes, so reading or writing it transposed costs no uncoalesced access;
+so is a reshape merging a (transposed) tile's two axes into one, or splitting one into them.
 Which regions become one tile kernel, the loop order of transposed stores, the reasons when a
 transpose stays with XLA, and that every kernel NVRTC compiles. The GPU test of the same cases is
 in test_gpu_correctness.py."""
@@ -49,6 +50,20 @@ def scaled_transpose(x):  # nothing but a scaled transpose
     return jnp.swapaxes(x * 2, 1, 2)
 
 
+def column_pair_sums(x):  # a row chain, then sums of column pairs: a [B, C/2, 2] tile, its axes merged
+    y = jax.nn.softmax(x.astype(jnp.float32), -1) * x.astype(jnp.float32)
+    return jnp.sum(y.reshape(y.shape[0], -1, 2), axis=-1).astype(x.dtype)
+
+
+def layernorm_transposed_flat(x, g, b):  # ... stored as [B, D * T]: a reshape that moves data
+    return layernorm_transposed(x, g, b).reshape(x.shape[0], -1)
+
+
+def softmax_of_flat_transposed(xf):  # [B, D * T] read as [B, D, T], transposed, softmax over D
+    x = xf.reshape(xf.shape[0], 36, 50)
+    return jax.nn.softmax(jnp.swapaxes(x, 1, 2).astype(jnp.float32), -1).astype(xf.dtype)
+
+
 CASES = {  # name: (function, input specs)
     "layernorm_transposed": (layernorm_transposed, (f32(64, 50, 36), f32(36), f32(36))),
     "softmax_of_transposed": (softmax_of_transposed, (f32(64, 50, 36),)),
@@ -56,6 +71,9 @@ CASES = {  # name: (function, input specs)
     "weighted_by_transposed_param": (weighted_by_transposed_param, (f32(40, 50, 36), f32(36, 50))),
     "heads_transposed_tiles": (heads_transposed_tiles, (f32(4, 6, 40, 24),)),
     "scaled_transpose": (scaled_transpose, (f32(32, 20, 24),)),
+    "layernorm_transposed_flat": (layernorm_transposed_flat, (f32(64, 50, 36), f32(36), f32(36))),
+    "softmax_of_flat_transposed": (softmax_of_flat_transposed, (f32(64, 1800),)),
+    "column_pair_sums": (column_pair_sums, (f32(96, 1000),)),
 }
 
 
@@ -65,7 +83,7 @@ def random_inputs(specs, seed):
 
 
 def _moving(report):
-    return [r for r in report.regions if "transpose" in r.ops]
+    return [r for r in report.regions if {"transpose", "reshape"} & set(r.ops)]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -158,7 +158,10 @@ class TilePlan:
 # ---- labelling -------------------------------------------------------------------------------------
 
 def _tile_shape(region: Region) -> tuple[int, ...]:
-    big = max([o for op in region.ops for o in op.outputs] + list(region.inputs), key=lambda v: v.size)
+    """The largest value's non-unit shape (of those as large, one with the most axes: a tile merged
+    into one axis is not the tile)."""
+    big = max([o for op in region.ops for o in op.outputs] + list(region.inputs),
+              key=lambda v: (v.size, sum(d != 1 for d in v.shape)))
     shape = tuple(d for d in big.shape if d != 1)
     if len(shape) < 3:
         raise Unplannable(f"{NOT_A_TILE}: the largest value {big.shape} has fewer than 3 axes")
@@ -217,10 +220,11 @@ def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, li
             elif opdefs.is_layout(op) and ins:
                 src = [i for i, d in enumerate(ins[0].shape) if d != 1]
                 dst = [i for i, d in enumerate(out.shape) if d != 1]
-                if [ins[0].shape[i] for i in src] != [out.shape[i] for i in dst]:
-                    raise Unplannable(f"{op.prim} {ins[0].shape} -> {out.shape} moves data across tile axes")
-                for i, j in zip(src, dst):
-                    changed |= unify(ins[0], i, out, j)
+                if [ins[0].shape[i] for i in src] == [out.shape[i] for i in dst]:
+                    for i, j in zip(src, dst):
+                        changed |= unify(ins[0], i, out, j)
+                else:  # a reshape merging or splitting the tile's two axes (in either order)
+                    changed |= _merge_or_split(ins[0], src, out, dst, labels, unify)
             elif op.prim in opdefs.REDUCTIONS:
                 axes = set(op.param("axes"))
                 kept = [i for i in range(len(ins[0].shape)) if i not in axes]
@@ -229,6 +233,7 @@ def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, li
         if not changed:
             break
     sizes = dict(zip(names, shape))
+    sizes.update({A + B: shape[-2] * shape[-1], B + A: shape[-2] * shape[-1]})
     for vid, ls in labels.items():  # an axis no op ties to the tile (a broadcast not yet used): by size
         for i, x in enumerate(ls):
             if x is None:
@@ -241,6 +246,7 @@ def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, li
         real = [x for x in ls if x != "1"]
         if None in real:
             raise Unplannable(f"a value of shape {values[vid].shape} has an axis of no tile axis")
+        real = [y for x in real for y in ([x] if x.startswith("n") else list(x))]  # merged "ba": b, a
         pos = [order[x] for x in real]
         tile_axes = [x for x in real if not x.startswith("n")]
         if len(set(pos)) != len(pos) or real[:len(real) - len(tile_axes)] != sorted(
@@ -252,6 +258,43 @@ def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, li
         kinds[vid] = (N if batch else "") + "".join(sorted(tile_axes))
         orders[vid] = (N if batch else "") + "".join(tile_axes)
     return shape, kinds, labels, orders
+
+
+def _merge_or_split(x: ir.Value, src: list[int], y: ir.Value, dst: list[int], labels, unify) -> bool:
+    """A reshape between a value with the tile's two axes apart (sizes A and B, in either order, last)
+    and one with them merged into one axis of A*B elements, batch axes unchanged: the merged axis is
+    labelled with both in memory order ("ba": b runs slower), or the two apart from the merged one.
+    Returns whether a label changed."""
+    if len(src) == len(dst) + 1:
+        apart, a_dims, merged, m_dims = x, src, y, dst
+    elif len(dst) == len(src) + 1:
+        apart, a_dims, merged, m_dims = y, dst, x, src
+    else:
+        raise Unplannable(f"reshape {x.shape} -> {y.shape} moves data across tile axes")
+    a_sizes = [apart.shape[i] for i in a_dims]
+    m_sizes = [merged.shape[i] for i in m_dims]
+    if a_sizes[:-2] != m_sizes[:-1] or a_sizes[-2] * a_sizes[-1] != m_sizes[-1]:
+        raise Unplannable(f"reshape {x.shape} -> {y.shape} moves data across tile axes")
+    changed = False
+    for i, j in zip(a_dims[:-2], m_dims[:-1]):
+        changed |= unify(apart, i, merged, j)
+    i, j, k = a_dims[-2], a_dims[-1], m_dims[-1]
+    li, lj, lk = labels[apart.id][i], labels[apart.id][j], labels[merged.id][k]
+    if li in (A, B) and lj in (A, B) and li != lj:
+        changed |= _set(labels, merged, k, li + lj)
+    elif lk in (A + B, B + A):
+        changed |= _set(labels, apart, i, lk[0]) | _set(labels, apart, j, lk[1])
+    return changed
+
+
+def _set(labels, v: ir.Value, i: int, name: str) -> bool:
+    """Labels axis i of v `name`; whether that changed it."""
+    if labels[v.id][i] == name:
+        return False
+    if labels[v.id][i] is not None:
+        raise Unplannable(f"an axis of {v.shape} meets the tile's axes in two orders")
+    labels[v.id][i] = name
+    return True
 
 
 def _iota_axis(op: ir.Op, labels: dict[int, list]) -> str:
