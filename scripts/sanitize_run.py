@@ -1,8 +1,8 @@
-"""Every suite workload (quick shapes, plus long and odd shapes) and the scan and variadic-reduce
-test cases (tests/test_scans.py, tests/test_variadic.py) stitched once: a short program for
-compute-sanitizer, whose memcheck / racecheck / synccheck then see every kind of kernel we generate
-(register rows, shared-memory reductions, async staging, shared and global stashes, grid barriers,
-scans' warp totals, combiners' warp partials).
+"""Every suite workload (quick shapes, plus long and odd shapes) and the scan, variadic-reduce and
+transposed-tile test cases (tests/test_scans.py, tests/test_variadic.py, tests/test_tile_transpose.py)
+stitched once: a short program for compute-sanitizer, whose memcheck / racecheck / synccheck then see
+every kind of kernel we generate (register rows, shared-memory reductions, async staging, shared and
+global stashes, grid barriers, scans' warp totals, combiners' warp partials, transposed tiles).
 
     compute-sanitizer --tool racecheck --kernel-name kns=jaxstitch_kernel python3 scripts/sanitize_run.py [START:STOP]
 
@@ -26,6 +26,7 @@ from jaxstitch.workloads import WORKLOADS  # noqa: E402
 from strategies import force_stitching  # noqa: E402
 from test_scans import CASES as SCAN_CASES  # noqa: E402
 from test_variadic import CASES as VARIADIC_CASES  # noqa: E402
+from test_tile_transpose import CASES as TRANSPOSE_CASES  # noqa: E402
 
 UNFORCED = ("adamw_bert",)
 EXTRA = [("softmax_fwdbwd", (5, 40000)), ("xent_fwdbwd", (64, 32000)), ("layernorm_fwdbwd", (37, 1021))]
@@ -41,9 +42,9 @@ def _test_case(fun, specs):
 cases = [(name, shape, WORKLOADS[name].fn, lambda key, dtype, name=name, shape=shape:
           WORKLOADS[name].draw(key, dtype, *shape))
          for name, shape in [(n, tuple(w.quick_shape)) for n, w in WORKLOADS.items()] + EXTRA]
-cases += [(f"{kind}/{n}", specs[0].shape, *_test_case(fun, specs))
-          for kind, table in (("scans", SCAN_CASES), ("variadic", VARIADIC_CASES))
-          for n, (fun, specs, _) in table.items()]
+cases += [(f"{kind}/{n}", entry[1][0].shape, *_test_case(*entry[:2]))
+          for kind, table in (("scans", SCAN_CASES), ("variadic", VARIADIC_CASES), ("transpose", TRANSPOSE_CASES))
+          for n, entry in table.items()]
 if len(sys.argv) > 1:  # a slice "START:STOP" of the cases (a crash of the tool then loses less)
     start, _, stop = sys.argv[1].partition(":")
     cases = cases[int(start or 0):int(stop) if stop else None]
