@@ -7,8 +7,9 @@
   `[N]`, a second `[N, C]` input and int32 `labels[N]`. Its ops are what memory-bound model code is made
   of: elementwise ops (mostly computed in float32 after an upcast, like real code, sometimes in the input's
   half type), scalar / row / column broadcasts, selects on comparisons, row reductions (sum, max, min,
-  mean, variance-style normalisation, softmax), iota one-hot patterns, argmax over the last axis, column
-  sums and scalar means as outputs, and several outputs at once.
+  mean, variance-style normalisation, softmax), iota one-hot patterns, argmax over the last axis, the
+  row max with its index in one variadic `lax.reduce`, column sums and scalar means as outputs, and
+  several outputs at once.
 * `specs` is the list of `jax.ShapeDtypeStruct`s of its arguments, `seed` an int for `random_inputs`.
 
 The program is plain data (`fn.program`), so hypothesis prints a failing example readably, and shrinks it.
@@ -44,7 +45,7 @@ EXP_ARG_BOUND = 4.0    # exp is only applied to values with |v| <= this
 FEATURES = frozenset({
     "fill",         # jnp.where(..., v, 0.0) / jnp.full_like: a broadcast of a literal constant
     "half_math",    # arithmetic directly in bfloat16/float16
-    "onehot", "argmax", "colsum", "scalar_out", "rowred", "norm", "softmax", "where", "outer",
+    "onehot", "argmax", "topval", "colsum", "scalar_out", "rowred", "norm", "softmax", "where", "outer",
     "row_params", "col_params", "bcast", "unit_sum",
     "single_element",  # N == C == 1
     "single_row",      # N == 1
@@ -58,6 +59,13 @@ _ROWRED = ("sum", "max", "min", "mean")
 _NP_DTYPE = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "int32": jnp.int32}
 _PRECISION = {"float32": 0, "float16": 1, "bfloat16": 2}  # higher = coarser
 HALF_ULP = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}  # relative, one unit in the last place
+
+
+def _top1_pair(a, b):
+    """(value, index) pairs: the larger value, the smaller index among equal values."""
+    (av, ai), (bv, bi) = a, b
+    take = (bv > av) | ((bv == av) & (bi < ai))
+    return jnp.where(take, bv, av), jnp.where(take, bi, ai)
 
 
 def np_dtype(name: str):
@@ -254,6 +262,11 @@ class RegionGraph:
             return jnp.sum(jnp.abs(v) if self.abs_sums else v, axis=0)
         if op == "argmax":
             return jnp.argmax(v, axis=-1)
+        if op in ("topval", "topidx"):  # the row's max and its (first) index in one variadic reduce
+            idx = jax.lax.broadcasted_iota(jnp.int32, v.shape, v.ndim - 1)
+            top, at = jax.lax.reduce((v, idx), (jnp.array(-jnp.inf, v.dtype), jnp.int32(0)), _top1_pair,
+                                     (v.ndim - 1,))
+            return top if op == "topval" else at
         if op == "mean":
             v = v.astype(jnp.float32)
             return jnp.mean(jnp.abs(v) if self.abs_sums else v)
@@ -540,7 +553,7 @@ def _region_graphs(draw, max_elems, exclude, max_cost: int = 16):
     if last_full is None or last_full == x:
         last_full = b.unary("tanh", x if xd == "float32" else b.unary("to_f32", x))
     outputs = [("full", last_full, draw(st.sampled_from((xd, "float32"))))]
-    extra = ["full", "row"] + [e for e in ("colsum", "argmax", "scalar_out", "bcast") if e not in exclude]
+    extra = ["full", "row"] + [e for e in ("colsum", "argmax", "topval", "scalar_out", "bcast") if e not in exclude]
     for _ in range(draw(st.integers(0, 2))):
         what = draw(st.sampled_from(extra))
         if what == "full":
@@ -557,6 +570,8 @@ def _region_graphs(draw, max_elems, exclude, max_cost: int = 16):
             outputs.append(("colsum", b.squash_if(v, 100.0)))
         elif what == "argmax":
             outputs.append(("argmax", draw(st.sampled_from([x] + ([x2] if x2 else [])))))
+        elif what == "topval":  # of an input: a pick compares only exact values
+            outputs.append((draw(st.sampled_from(("topval", "topidx"))), draw(st.sampled_from([x] + ([x2] if x2 else [])))))
         elif what == "bcast":
             v = b.pick(("row", "col"), prefer_recent=False)
             if v is not None:
@@ -569,7 +584,8 @@ def _region_graphs(draw, max_elems, exclude, max_cost: int = 16):
 
     def make():
         kinds = {k: m["kind"] for k, m in b.vals.items()}
-        out_err = tuple({"colsum": n * b.err(o[1]), "argmax": 0.0}.get(o[0], b.err(o[1])) for o in outputs)
+        out_err = tuple({"colsum": n * b.err(o[1]), "argmax": 0.0, "topval": 0.0, "topidx": 0.0}.get(o[0], b.err(o[1]))
+                        for o in outputs)
         return RegionGraph(n, c, [(nm, k, dt) for nm, k, dt, _ in inputs], b.program, outputs, kinds,
                            b.lossy, out_err=out_err)
 
