@@ -654,3 +654,12 @@ def force_stitching():
         yield
     finally:
         pipeline.plan_region, pipeline.MIN_RESIDENT_WARPS = original, min_warps
+
+
+def assert_same_as_jax_jit(fun, args):
+    """`jaxstitch.jit(fun)` gives jax.jit's results bit for bit (the CPU fallback: the same program)."""
+    import jaxstitch
+
+    got, want = jaxstitch.jit(fun)(*args), jax.jit(fun)(*args)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

@@ -612,21 +612,29 @@ def test_one_hot_rows_with_non_finite_logits_match_xla(dtype):
         compare(np.asarray(got[i]), np.asarray(want[i]), f"{what} output {i}")
 
 
+def forced_case(family, name, dtype, fun, draw, ops):
+    """A CPU test module's case on fresh inputs (`draw(seed)`, floats in `dtype`), forced: a region
+    holding one of `ops` must be stitched; its results (3 runs, bit-identical) and jax.jit's.
+    Returns (what, args, got leaves, want leaves)."""
+    seed = (RUN_SEED + zlib.crc32(f"{family}/{name}/{dtype}".encode())) % (1 << 63)
+    args = [a if a.dtype == np.int32 else jnp.asarray(a, DTYPES[dtype]) for a in draw(seed)]
+    what = _msg(f"{name} {dtype}", seed)
+    with force_stitching():
+        report = jaxstitch.explain(fun, *args)
+        assert any(r.stitched and set(r.ops) & set(ops) for r in report.regions), str(report)
+        want = jax.block_until_ready(jax.jit(fun)(*args))
+        _, got = run_stitched(fun, args, what)
+    return what, args, jax.tree.leaves(got), jax.tree.leaves(want)
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", sorted(VIEW_CASES))
 def test_data_moving_ops_match_xla(name, dtype):
     """Slices, pads, concatenates, transposes, splits and dynamic slices inside stitched kernels
     (plan/views.py), forced, against jax.jit: the cases the CPU tests check the rewrite on."""
     fun, specs = VIEW_CASES[name]
-    seed = (RUN_SEED + zlib.crc32(f"views/{name}/{dtype}".encode())) % (1 << 63)
-    args = [a if a.dtype == np.int32 else jnp.asarray(a, DTYPES[dtype]) for a in view_inputs(specs, seed)]
-    what = _msg(f"{name} {dtype}", seed)
-    with force_stitching():
-        report = jaxstitch.explain(fun, *args)
-        assert any(r.stitched and set(r.ops) & VIEWS for r in report.regions), str(report)
-        want = jax.block_until_ready(jax.jit(fun)(*args))
-        _, got = run_stitched(fun, args, what)
-    for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+    what, _, got, want = forced_case("views", name, dtype, fun, lambda s: view_inputs(specs, s), VIEWS)
+    for i, (a, c) in enumerate(zip(got, want)):
         compare(a, c, f"{what} output {i}")
 
 
@@ -636,17 +644,10 @@ def test_scans_match_xla(name, dtype):
     """Cumulative sums, products, maxima and minima along rows, both ways, in every mapping (lanes of a
     warp, warps through shared memory, chunks with a carry), forced, against jax.jit."""
     fun, specs, _ = SCAN_CASES[name]
-    seed = (RUN_SEED + zlib.crc32(f"scans/{name}/{dtype}".encode())) % (1 << 63)
-    args = [jnp.asarray(a, DTYPES[dtype]) for a in scan_inputs(specs, seed)]
-    what = _msg(f"{name} {dtype}", seed)
-    with force_stitching():
-        report = jaxstitch.explain(fun, *args)
-        assert any(r.stitched and set(r.ops) & SCANS for r in report.regions), str(report)
-        want = jax.block_until_ready(jax.jit(fun)(*args))
-        _, got = run_stitched(fun, args, what)
-    rows = _decided_rows("top_p_filter", args, got, want) if name.startswith("top_p") else None
+    what, args, got, want = forced_case("scans", name, dtype, fun, lambda s: scan_inputs(specs, s), SCANS)
+    rows = _decided_rows("top_p_filter", args, got[0], want[0]) if name.startswith("top_p") else None
     exact = HALF_SCANS.get(name) if (dtype == "bfloat16" or name.startswith("bf16")) else None
-    for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+    for i, (a, c) in enumerate(zip(got, want)):
         if rows is not None:
             a, c = np.asarray(a)[rows], np.asarray(c)[rows]
         if exact is not None:  # XLA's own sums are bfloat16 values: ours against the exact fold
@@ -677,15 +678,9 @@ def test_variadic_reduces_match_xla(name, dtype):
     every mapping (rows per warp, warps through shared memory, chunks), forced, against jax.jit.
     Picked indices must agree exactly."""
     fun, specs, _ = VARIADIC_CASES[name]
-    seed = (RUN_SEED + zlib.crc32(f"variadic/{name}/{dtype}".encode())) % (1 << 63)
-    args = [jnp.asarray(a, DTYPES[dtype]) for a in variadic_inputs(specs, seed)]
-    what = _msg(f"{name} {dtype}", seed)
-    with force_stitching():
-        report = jaxstitch.explain(fun, *args)
-        assert any(r.stitched and VARIADIC in r.ops for r in report.regions), str(report)
-        want = jax.block_until_ready(jax.jit(fun)(*args))
-        _, got = run_stitched(fun, args, what)
-    for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+    what, _, got, want = forced_case("variadic", name, dtype, fun, lambda s: variadic_inputs(specs, s),
+                                     {VARIADIC})
+    for i, (a, c) in enumerate(zip(got, want)):
         compare(a, c, f"{what} output {i}")
 
 
@@ -696,13 +691,7 @@ def test_transposed_tiles_match_xla(name, dtype):
     global memory, outputs stored transposed), reshapes merging or splitting a tile's two axes,
     forced, against jax.jit."""
     fun, specs = TRANSPOSE_CASES[name]
-    seed = (RUN_SEED + zlib.crc32(f"transpose/{name}/{dtype}".encode())) % (1 << 63)
-    args = [jnp.asarray(a, DTYPES[dtype]) for a in transpose_inputs(specs, seed)]
-    what = _msg(f"{name} {dtype}", seed)
-    with force_stitching():
-        report = jaxstitch.explain(fun, *args)
-        assert any(r.stitched and {"transpose", "reshape"} & set(r.ops) for r in report.regions), str(report)
-        want = jax.block_until_ready(jax.jit(fun)(*args))
-        _, got = run_stitched(fun, args, what)
-    for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+    what, _, got, want = forced_case("transpose", name, dtype, fun, lambda s: transpose_inputs(specs, s),
+                                     {"transpose", "reshape"})
+    for i, (a, c) in enumerate(zip(got, want)):
         compare(a, c, f"{what} output {i}")

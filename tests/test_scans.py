@@ -10,6 +10,7 @@ import pytest
 from jax import lax
 
 import jaxstitch
+from strategies import assert_same_as_jax_jit
 from jaxstitch import ops as opdefs
 from jaxstitch.workloads import survival_fwdbwd, top_p_filter
 
@@ -120,10 +121,7 @@ def test_kernel_walks_chunks_backwards_for_a_reverse_scan(tmp_path, monkeypatch)
 @pytest.mark.parametrize("name", ["top_p", "survival_fwdbwd", "position_ids", "scan_grad"])
 def test_fallback_matches_jax_jit(name):
     fun, specs, _ = CASES[name]
-    args = random_inputs(specs, 3)
-    got, want = jaxstitch.jit(fun)(*args), jax.jit(fun)(*args)
-    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert_same_as_jax_jit(fun, random_inputs(specs, 3))
 
 
 def test_a_chunked_row_alone_on_its_sm_gives_way_to_fewer_threads():
