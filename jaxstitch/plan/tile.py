@@ -236,7 +236,6 @@ def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, li
         if not changed:
             break
     sizes = dict(zip(names, shape))
-    sizes.update({A + B: shape[-2] * shape[-1], B + A: shape[-2] * shape[-1]})
     for vid, ls in labels.items():  # an axis no op ties to the tile (a broadcast not yet used): by size
         for i, x in enumerate(ls):
             if x is None:
@@ -250,12 +249,10 @@ def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, li
         if None in real:
             raise Unplannable(f"a value of shape {values[vid].shape} has an axis of no tile axis")
         real = [y for x in real for y in ([x] if x.startswith("n") else list(x))]  # merged "ba": b, a
-        pos = [order[x] for x in real]
-        tile_axes = [x for x in real if not x.startswith("n")]
-        if len(set(pos)) != len(pos) or real[:len(real) - len(tile_axes)] != sorted(
-                [x for x in real if x.startswith("n")], key=order.get):
-            raise Unplannable(f"a value of shape {values[vid].shape} is transposed against the tile's batch axes")
         batch = [x for x in real if x.startswith("n")]
+        tile_axes = [x for x in real if not x.startswith("n")]
+        if len(set(real)) != len(real) or real[:len(batch)] != sorted(batch, key=order.get):
+            raise Unplannable(f"a value of shape {values[vid].shape} is transposed against the tile's batch axes")
         if batch and len(batch) != len(names) - 2:
             raise Unplannable(f"a value of shape {values[vid].shape} spans part of the batch axes")
         kinds[vid] = (N if batch else "") + "".join(sorted(tile_axes))
