@@ -36,6 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
 
+from jaxstitch.workloads import top1_pair
+
 SIZES = (1, 3, 7, 17, 33, 100, 128, 257, 1000, 1024, 4096)
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 MAX_MAG = 1e4          # squash an operand before an op whose result could exceed this
@@ -59,13 +61,6 @@ _ROWRED = ("sum", "max", "min", "mean")
 _NP_DTYPE = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16, "int32": jnp.int32}
 _PRECISION = {"float32": 0, "float16": 1, "bfloat16": 2}  # higher = coarser
 HALF_ULP = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11}  # relative, one unit in the last place
-
-
-def _top1_pair(a, b):
-    """(value, index) pairs: the larger value, the smaller index among equal values."""
-    (av, ai), (bv, bi) = a, b
-    take = (bv > av) | ((bv == av) & (bi < ai))
-    return jnp.where(take, bv, av), jnp.where(take, bi, ai)
 
 
 def np_dtype(name: str):
@@ -264,7 +259,7 @@ class RegionGraph:
             return jnp.argmax(v, axis=-1)
         if op in ("topval", "topidx"):  # the row's max and its (first) index in one variadic reduce
             idx = jax.lax.broadcasted_iota(jnp.int32, v.shape, v.ndim - 1)
-            top, at = jax.lax.reduce((v, idx), (jnp.array(-jnp.inf, v.dtype), jnp.int32(0)), _top1_pair,
+            top, at = jax.lax.reduce((v, idx), (jnp.array(-jnp.inf, v.dtype), jnp.int32(0)), top1_pair,
                                      (v.ndim - 1,))
             return top if op == "topval" else at
         if op == "mean":
