@@ -123,7 +123,7 @@ def _split_one_hot(k: Kernel, w: Writer, emit, tag: int):
     w("}")
 
 
-def render(plan) -> Source:
+def render(plan: KernelPlan | TilePlan | RemotePlan) -> Source:
     """A KernelPlan as a row-space kernel, a TilePlan as a tile kernel (tile_codegen.py), a
     RemotePlan as a multi-tensor kernel (remote_codegen.py)."""
     if isinstance(plan, TilePlan):

@@ -127,3 +127,30 @@ SCAN = {
     "cummax": REDUCE["reduce_max"],
     "cummin": REDUCE["reduce_min"],
 }
+
+
+def expression(op: ir.Op, args: list[str], fast_exp: bool = False) -> str:
+    """`op`'s C expression; exp is the hardware's fast one where the plan allows it
+    (planner.fast_exp)."""
+    if op.prim == "exp" and fast_exp:
+        return f"js_exp_fast({args[0]})"
+    return EXPR[op.prim](op, args)
+
+
+def bool_factor(op: ir.Op, producer: dict) -> tuple[int, ir.Value] | None:
+    """For `x * convert(pred)` with `pred` a bool value (`producer`: value id -> the op making it):
+    the converted operand's position and `pred`. Such a product is rendered `pred ? x : 0`
+    (`select_product`), the select XLA's algebraic simplifier makes of it: a one-hot times -inf is
+    0 there, not NaN, so in our kernels too."""
+    if op.prim != "mul":
+        return None
+    for i, a in enumerate(op.inputs):
+        src = producer.get(a.id) if isinstance(a, ir.Value) else None
+        if (src is not None and src.prim == "convert_element_type" and src.inputs[0].dtype == "bool"
+                and isinstance(src.inputs[0], ir.Value)):
+            return i, src.inputs[0]
+    return None
+
+
+def select_product(pred: str, x: str, ctype: str) -> str:
+    return f"(({pred}) ? ({x}) : ({ctype})0)"

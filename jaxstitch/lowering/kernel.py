@@ -14,7 +14,7 @@ from importlib import resources
 from .. import ir, ops as opdefs
 from ..plan import KernelPlan
 from ..plan.layout import COL, EPILOGUE, FULL, GATHER, ROW, SCALAR, row_axes
-from .cuda_ops import CTYPE, EXPR, SCAN, STYPE, literal
+from .cuda_ops import CTYPE, SCAN, STYPE, bool_factor, expression, literal, select_product
 
 KERNEL_NAME = "jaxstitch_kernel"
 
@@ -202,22 +202,15 @@ class Kernel:
         return None
 
     def expr(self, op: ir.Op, args: list[str]) -> str:
-        """`op`'s C expression; exp is the fast one where the plan allows it (planner.fast_exp)."""
-        if op.prim == "exp" and self.plan.fast_exp:
-            return f"js_exp_fast({args[0]})"
-        return EXPR[op.prim](op, args)
+        return expression(op, args, self.plan.fast_exp)
 
     def predicate_product(self, op: ir.Op, args: list[str]) -> str | None:
-        """`x * convert(pred)` as `pred ? x : 0`, the select XLA's algebraic simplifier makes of it: a
-        one-hot times -inf is 0 there, not NaN, so here too."""
-        if op.prim != "mul":
+        """`x * convert(pred)` as `pred ? x : 0` (cuda_ops.bool_factor), else None."""
+        found = bool_factor(op, self.producer)
+        if found is None:
             return None
-        for i, a in enumerate(op.inputs):
-            src = self.producer.get(a.id) if isinstance(a, ir.Value) else None
-            if (src is not None and src.prim == "convert_element_type" and src.inputs[0].dtype == "bool"
-                    and isinstance(src.inputs[0], ir.Value)):
-                return f"(({self.ref(src.inputs[0])}) ? ({args[1 - i]}) : ({self.ctype(op.outputs[0])})0)"
-        return None
+        i, pred = found
+        return select_product(self.ref(pred), args[1 - i], self.ctype(op.outputs[0]))
 
     def column_compare(self, op: ir.Op) -> str | None:
         """A one-hot compare as one compare per element: the row value minus the vector's first

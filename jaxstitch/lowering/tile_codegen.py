@@ -12,7 +12,7 @@ import string
 from .. import ir, ops as opdefs
 from ..plan import tile as T
 from ..plan.layout import Unplannable
-from .cuda_ops import CTYPE, EXPR, REDUCE, STYPE, literal
+from .cuda_ops import CTYPE, REDUCE, STYPE, bool_factor, expression, literal, select_product
 from .kernel import KERNEL_NAME, Writer, template
 
 _SIZE = {T.N: "N_ROWS", T.A: "TA", T.B: "TB"}
@@ -80,17 +80,12 @@ class _Emitter:
         out = op.outputs[0]
         if op.prim == "iota":
             return f"(int)({_INDEX[self.plan.of(out).iota_axis]})"
-        if op.prim == "mul":  # x * convert(pred) as pred ? x : 0, as XLA's simplifier makes it
-            for i, a in enumerate(op.inputs):
-                src = self.producer.get(a.id) if isinstance(a, ir.Value) else None
-                if src is not None and src.prim == "convert_element_type" and src.inputs[0].dtype == "bool" \
-                        and isinstance(src.inputs[0], ir.Value):
-                    other = self.ref(op.inputs[1 - i])
-                    return f"(({self.ref(src.inputs[0])}) ? ({other}) : ({self.ctype(out)})0)"
-        args = [self.ref(a) for a in op.inputs]
-        if op.prim == "exp" and self.plan.fast_exp:
-            return f"js_exp_fast({args[0]})"
-        return EXPR[op.prim](op, args)
+        found = bool_factor(op, self.producer)  # x * convert(pred) as pred ? x : 0
+        if found is not None:
+            i, pred = found
+            other = self.ref(op.inputs[1 - i])  # (first: ref may compute an inline value)
+            return select_product(self.ref(pred), other, self.ctype(out))
+        return expression(op, [self.ref(a) for a in op.inputs], self.plan.fast_exp)
 
     def body(self, w: Writer):
         """A fresh loop body: inline values are computed again inside it."""
