@@ -141,6 +141,12 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
         return leaves
 
     closed = jax.make_jaxpr(flat_fun)(*flat_args)
+    graph, eqns, consts = _flatten(closed)
+    return Traced(graph, eqns, consts, out_tree_box[0])
+
+
+def _flatten(closed) -> tuple[ir.Graph, tuple[Eqn, ...], dict]:
+    """A closed jaxpr as a graph over fresh values, its live equations and its captured constants."""
     fl = _Flattener()
     inputs = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
     outputs = fl.run(closed.jaxpr, closed.consts, inputs)
@@ -149,8 +155,7 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
         ir.Op(i, e.primitive.name, e.inputs, e.outputs, _hashable_params(e.params) + _reduce_params(e))
         for i, e in enumerate(eqns)
     )
-    graph = ir.Graph(inputs, tuple(outputs), ops)
-    return Traced(graph, eqns, fl.consts, out_tree_box[0])
+    return ir.Graph(inputs, tuple(outputs), ops), eqns, fl.consts
 
 
 def _reduce_params(eqn: Eqn) -> tuple[tuple[str, Any], ...]:
@@ -159,14 +164,8 @@ def _reduce_params(eqn: Eqn) -> tuple[tuple[str, Any], ...]:
     or None when it captures constants (planning then leaves the reduce to XLA)."""
     if eqn.primitive.name != "reduce":
         return ()
-    closed = eqn.params["jaxpr"]
-    fl = _Flattener()
-    ins = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
-    outs = fl.run(closed.jaxpr, closed.consts, ins)
-    ops = tuple(ir.Op(i, e.primitive.name, e.inputs, e.outputs, _hashable_params(e.params))
-                for i, e in enumerate(_live_eqns(fl.eqns, outs)))
-    combiner = None if fl.consts else ir.Graph(ins, tuple(outs), ops)
-    return (("axes", tuple(int(d) for d in eqn.params["dimensions"])), ("combiner", combiner))
+    combiner, _, consts = _flatten(eqn.params["jaxpr"])
+    return (("axes", tuple(int(d) for d in eqn.params["dimensions"])), ("combiner", None if consts else combiner))
 
 
 def _live_eqns(eqns: Sequence[Eqn], outputs: Sequence[ir.Atom]) -> tuple[Eqn, ...]:

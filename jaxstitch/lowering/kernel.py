@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from importlib import resources
 
 from .. import ir, ops as opdefs
@@ -432,9 +433,7 @@ def _affine(dims, var: str) -> str:
     """sum over `dims` (size, stride) of the index along each times its stride, for the flat index
     `var` of their row-major space (a long long expression)."""
     terms, inner = [], 1
-    total = 1
-    for size, _ in dims:
-        total *= size
+    total = math.prod(size for size, _ in dims)
     for size, stride in reversed(dims):
         if size > 1 and stride:
             idx = f"(long long)({var})" if inner == 1 else f"((long long)({var}) / {inner})"

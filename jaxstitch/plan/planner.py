@@ -181,13 +181,13 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         return RegionPlan(original, None, None, str(e))
     busy_sms = min(target.sm_count, mp.grid)
     split_rounds = -(-mp.n_rows * mp.splits // mp.grid) if mp.splits > 1 else 0
+    full_gathers = any(op.prim == GATHER and layout.of(op.outputs[0]).storage == FULL for op in region.ops)
     est = cost.estimate(layout, [v for v in region.inputs if layout.of(v).storage != MEMORY], region.outputs,
                         len(grid_ops), ws, target, gathered_bytes=_gathered_bytes(region, layout),
                         rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms, split_rounds=split_rounds,
                         n_scans=len(scans), views_after_reduction=_views_after_reduction(original),
                         widened_gathered_bytes=_gathered_bytes(region, layout, cost.GATHER_KERNEL_ITEMSIZE)
-                        if any(op.prim == GATHER and layout.of(op.outputs[0]).storage == FULL for op in region.ops)
-                        else None)
+                        if full_gathers else None)
     gain = min_gain(tuning)
     idle = None
     if est.speedup < gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:
