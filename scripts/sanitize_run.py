@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import jaxstitch  # noqa: E402
 from jaxstitch.workloads import WORKLOADS  # noqa: E402
-from strategies import force_stitching  # noqa: E402
+from strategies import force_stitching, random_inputs  # noqa: E402
 from test_scans import CASES as SCAN_CASES  # noqa: E402
 from test_variadic import CASES as VARIADIC_CASES  # noqa: E402
 from test_tile_transpose import CASES as TRANSPOSE_CASES  # noqa: E402
@@ -34,8 +34,7 @@ EXTRA = [("softmax_fwdbwd", (5, 40000)), ("xent_fwdbwd", (64, 32000)), ("layerno
 
 def _test_case(fun, specs):
     def draw(key, dtype):
-        rng = np.random.default_rng(1)
-        return [jnp.asarray(rng.standard_normal(s.shape).astype(np.float32), dtype) for s in specs]
+        return [jnp.asarray(a, dtype) for a in random_inputs(specs, 1)]
     return fun, draw
 
 

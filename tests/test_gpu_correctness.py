@@ -31,9 +31,9 @@ from hypothesis import event
 
 from strategies import coarser, force_stitching, random_inputs, region_graphs
 from test_views import CASES as VIEW_CASES, _random as view_inputs
-from test_scans import CASES as SCAN_CASES, random_inputs as scan_inputs
-from test_variadic import CASES as VARIADIC_CASES, random_inputs as variadic_inputs
-from test_tile_transpose import CASES as TRANSPOSE_CASES, random_inputs as transpose_inputs
+from test_scans import CASES as SCAN_CASES
+from test_variadic import CASES as VARIADIC_CASES
+from test_tile_transpose import CASES as TRANSPOSE_CASES
 from jaxstitch.ops import VARIADIC
 from jaxstitch.ops import SCANS
 from jaxstitch.workloads import TOP_P
@@ -644,7 +644,7 @@ def test_scans_match_xla(name, dtype):
     """Cumulative sums, products, maxima and minima along rows, both ways, in every mapping (lanes of a
     warp, warps through shared memory, chunks with a carry), forced, against jax.jit."""
     fun, specs, _ = SCAN_CASES[name]
-    what, args, got, want = forced_case("scans", name, dtype, fun, lambda s: scan_inputs(specs, s), SCANS)
+    what, args, got, want = forced_case("scans", name, dtype, fun, lambda s: random_inputs(specs, s), SCANS)
     rows = _decided_rows("top_p_filter", args, got[0], want[0]) if name.startswith("top_p") else None
     exact = HALF_SCANS.get(name) if (dtype == "bfloat16" or name.startswith("bf16")) else None
     for i, (a, c) in enumerate(zip(got, want)):
@@ -678,7 +678,7 @@ def test_variadic_reduces_match_xla(name, dtype):
     every mapping (rows per warp, warps through shared memory, chunks), forced, against jax.jit.
     Picked indices must agree exactly."""
     fun, specs, _ = VARIADIC_CASES[name]
-    what, _, got, want = forced_case("variadic", name, dtype, fun, lambda s: variadic_inputs(specs, s),
+    what, _, got, want = forced_case("variadic", name, dtype, fun, lambda s: random_inputs(specs, s),
                                      {VARIADIC})
     for i, (a, c) in enumerate(zip(got, want)):
         compare(a, c, f"{what} output {i}")
@@ -691,7 +691,7 @@ def test_transposed_tiles_match_xla(name, dtype):
     global memory, outputs stored transposed), reshapes merging or splitting a tile's two axes,
     forced, against jax.jit."""
     fun, specs = TRANSPOSE_CASES[name]
-    what, _, got, want = forced_case("transpose", name, dtype, fun, lambda s: transpose_inputs(specs, s),
+    what, _, got, want = forced_case("transpose", name, dtype, fun, lambda s: random_inputs(specs, s),
                                      {"transpose", "reshape"})
     for i, (a, c) in enumerate(zip(got, want)):
         compare(a, c, f"{what} output {i}")

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from jax import lax
 
 import jaxstitch
-from strategies import assert_same_as_jax_jit
+from strategies import assert_same_as_jax_jit, random_inputs
 from jaxstitch import ops as opdefs
 from jaxstitch.workloads import survival_fwdbwd, top_p_filter
 
@@ -65,11 +64,6 @@ CASES = {  # name: (function, input specs, what the mapping must say or None)
     "bf16_cumsum": (bf16_cumsum, (f32(128, 2048),), None),
     "scan_grad": (scan_grad, (f32(200, 384),), None),
 }
-
-
-def random_inputs(specs, seed):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(s.shape).astype(np.float32) for s in specs]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

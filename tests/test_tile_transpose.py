@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import jaxstitch
-from strategies import assert_same_as_jax_jit
+from strategies import assert_same_as_jax_jit, random_inputs
 
 
 def f32(*shape):
@@ -75,11 +74,6 @@ CASES = {  # name: (function, input specs)
     "layernorm_transposed_flat": (layernorm_transposed_flat, (f32(64, 50, 36), f32(36), f32(36))),
     "softmax_of_flat_transposed": (softmax_of_flat_transposed, (f32(64, 1800),)),
 }
-
-
-def random_inputs(specs, seed):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(s.shape).astype(np.float32) for s in specs]
 
 
 def _moving(report):

@@ -12,7 +12,7 @@ import pytest
 from jax import lax
 
 import jaxstitch
-from strategies import assert_same_as_jax_jit
+from strategies import assert_same_as_jax_jit, random_inputs
 from jaxstitch import ops as opdefs
 from jaxstitch.workloads import moe_router, top1_pair
 
@@ -86,11 +86,6 @@ CASES = {  # name: (function, input specs, what the mapping must say or None)
     "moe_router": (moe_router, (f32(4096, 64),), "rows per warp"),
     "moe_router_wide": (moe_router, (f32(257, 2048),), "block per row"),
 }
-
-
-def random_inputs(specs, seed):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal(s.shape).astype(np.float32) for s in specs]
 
 
 def _reducing(report):
