@@ -7,9 +7,9 @@ from typing import Any, Callable
 
 import jax
 
-from . import config, pipeline, report as report_mod, targets
+from . import config, pipeline, report as report_mod, targets, transforms  # noqa: F401 (registers the stitch rules)
 from .kernels import ffi
-from .stitcher import make_runner
+from .stitcher import Context, make_runner
 
 log = logging.getLogger("jaxstitch")
 _said_fallback = []
@@ -76,7 +76,7 @@ def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=Non
     def stitched(*args, **kwargs):
         dyn, static, tree = _split_dynamic(args, kwargs)
         program = pipeline.build(fun, dyn, tree, tgt, cfg, static)
-        outs = make_runner(program)(*dyn)
+        outs = make_runner(program, Context(tgt, cfg))(*dyn)
         return jax.tree_util.tree_unflatten(program.traced.out_tree, outs)
 
     return jax.jit(stitched, **jit_kwargs)

@@ -40,6 +40,8 @@ EXPENSIVE = frozenset({"exp", "exp2", "log", "log1p", "expm1", "tanh", "logistic
 
 # Left to XLA on purpose, with the reason the report shows.
 COMPUTE_BOUND = frozenset({"dot_general", "conv_general_dilated", "ragged_dot"})
+# Control flow stays an XLA loop or branch; its bodies are planned on their own (pipeline.build).
+CONTROL_FLOW = frozenset({"scan", "while", "cond"})
 
 
 def unsupported_reason(op: ir.Op) -> str | None:
@@ -47,6 +49,8 @@ def unsupported_reason(op: ir.Op) -> str | None:
     prim = op.prim
     if prim in COMPUTE_BOUND:
         return f"{prim} is compute-intensive (left to XLA/cuBLAS)"
+    if prim in CONTROL_FLOW:
+        return f"{prim} is control flow (its body is planned on its own)"
     if prim not in ELEMENTWISE | LAYOUT | SOURCES | REDUCTIONS | VIEWS | SCANS:
         return f"{prim} is not a stitchable primitive"
     for v in list(op.inputs) + list(op.outputs):

@@ -5,6 +5,8 @@ import dataclasses
 import logging
 import os
 
+import jax
+
 from . import ir, partition as partition_mod, trace as trace_mod
 from .config import Config
 from .kernels import cache, nvrtc
@@ -47,6 +49,24 @@ class Program:
     partition: partition_mod.Partition
     regions: tuple[Compiled, ...]
     target: Target
+    # control-flow bodies, each planned as a program of its own: (equation index, body key, program)
+    bodies: tuple[tuple[int, tuple[str, int], "Program"], ...] = ()
+
+    @property
+    def stitched(self) -> bool:
+        """Whether any region here or in a body runs as our kernel."""
+        return any(c.stitched for c in self.regions) or any(b.stitched for _, _, b in self.bodies)
+
+    def all_regions(self, where: str = ""):
+        """(where, Compiled) for every region, those of bodies after the program's own; `where`
+        names the body ("scan", "while.body_jaxpr", "cond.branches[1]", nested with "/")."""
+        for c in self.regions:
+            yield where, c
+        eqns = self.traced.eqns
+        for i, (name, k), body in self.bodies:
+            prim = eqns[i].primitive.name
+            label = prim if prim == "scan" else f"{prim}.{name}" + (f"[{k}]" if name == "branches" else "")
+            yield from body.all_regions(f"{where}/{label}" if where else label)
 
 
 def compile_region(region, target: Target, cfg: Config) -> Compiled:
@@ -150,16 +170,27 @@ def _fits_one_kernel(region) -> bool:
 
 
 def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
-    traced = trace_mod.trace(fun, flat_args, in_tree, static)
+    program = _build(trace_mod.trace(fun, flat_args, in_tree, static), target, cfg)
+    if cfg.dump_dir:
+        _dump(program, cfg.dump_dir)
+    return program
+
+
+def _build(traced: trace_mod.Traced, target: Target, cfg: Config) -> Program:
     cuts = partition_mod.Cuts(at_reduced=not cfg.tuning.stitch, at_grid=not cfg.tuning.grid)
     part = partition_mod.partition(traced.graph, fits=_fits_one_kernel, cuts=cuts)
     regions = tuple(compile_region(r, target, cfg) for r in part.regions)
     if cfg.tuning.remote:
         regions = stitch_remote(traced.graph, regions, target, cfg)
-    program = Program(traced, part, regions, target)
-    if cfg.dump_dir:
-        _dump(program, cfg.dump_dir)
-    return program
+    bodies = tuple((i, key, _build(_trace_body(closed), target, cfg))
+                   for i, e in enumerate(traced.eqns) for key, closed in trace_mod.bodies(e))
+    return Program(traced, part, regions, target, bodies)
+
+
+def _trace_body(closed) -> trace_mod.Traced:
+    avals = trace_mod.in_avals(closed)
+    tree = jax.tree_util.tree_structure((tuple(avals), {}))
+    return trace_mod.trace(trace_mod.jaxpr_as_fun(closed), avals, tree)
 
 
 def stitch_remote(graph, regions: tuple[Compiled, ...], target: Target, cfg: Config) -> tuple[Compiled, ...]:
@@ -226,8 +257,8 @@ def _dump(program: Program, dump_dir: str):
     from .report import make_report
 
     os.makedirs(dump_dir, exist_ok=True)
-    for c in program.regions:
-        rid = c.plan.region.id
+    for where, c in program.all_regions():
+        rid = (where.replace("/", ".").replace("[", "").replace("]", "") + "." if where else "") + str(c.plan.region.id)
         if c.source:
             with open(os.path.join(dump_dir, f"region{rid}.cu"), "w") as f:
                 f.write(c.source)

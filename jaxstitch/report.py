@@ -27,6 +27,11 @@ class RegionReport:
     smem_bytes: int | None = None     # dynamic shared memory per block (the stash)
     registers: int | None = None      # per thread, as compiled
     alternatives: tuple[str, ...] = ()  # mappings compiled first, and why each lost
+    where: str = ""                   # the control-flow body holding the region ("" at top level)
+
+    @property
+    def name(self) -> str:
+        return f"{self.where}:{self.index}" if self.where else str(self.index)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +51,7 @@ class Report:
         rows = []
         for r in self.regions:
             ops = f"{len(r.ops)}: " + ",".join(sorted(set(r.ops)))[:40]
-            rows.append((str(r.index), ops, "yes" if r.stitched else "no",
+            rows.append((r.name, ops, "yes" if r.stitched else "no",
                          str(r.kernels), r.scheme or "-", r.mapping or "-",
                          f"{r.rows}x{r.cols}" if r.rows else "-",
                          f"{r.est_us:.1f}" if r.est_us is not None else "-",
@@ -57,7 +62,7 @@ class Report:
         lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
         for r in self.regions:
             for alt in r.alternatives:
-                lines.append(f"  region {r.index} tried {alt}")
+                lines.append(f"  region {r.name} tried {alt}")
         if self.xla_ops:
             lines.append("left to XLA: " + "; ".join(f"{p} ({why})" for p, why in self.xla_ops))
         return "\n".join(lines)
@@ -68,7 +73,7 @@ class Report:
 
 def make_report(program: Program) -> Report:
     regions = []
-    for c in program.regions:
+    for where, c in program.all_regions():
         plan, k, est = c.plan, c.plan.kernel, c.plan.estimate
         m = k.mapping if k else None
         regions.append(RegionReport(
@@ -80,11 +85,18 @@ def make_report(program: Program) -> Report:
             est_bytes=est.bytes if est else None, est_us=est.us if est else None,
             xla_kernels=est.xla_kernels if est else None, xla_est_us=est.xla_us if est else None,
             reason=c.reason, cache_key=c.key, smem_bytes=m.smem_bytes if m else None,
-            registers=c.registers, alternatives=c.tried))
-    ops = program.traced.graph.ops
+            registers=c.registers, alternatives=c.tried, where=where))
     seen = []
-    for idx, why in program.partition.unsupported:
-        pair = (ops[idx].prim, why)
-        if pair not in seen:
-            seen.append(pair)
+    for p in _programs(program):
+        ops = p.traced.graph.ops
+        for idx, why in p.partition.unsupported:
+            pair = (ops[idx].prim, why)
+            if pair not in seen:
+                seen.append(pair)
     return Report(program.target.name, tuple(regions), tuple(seen))
+
+
+def _programs(program: Program):
+    yield program
+    for _, _, body in program.bodies:
+        yield from _programs(body)

@@ -1,13 +1,26 @@
 """Rebuild a traced function with its stitched regions replaced by `stitch` primitives."""
 from __future__ import annotations
 
+import dataclasses
 import heapq
 
+import jax
+
 from . import ir, trace as trace_mod
-from .config import load as load_config
 from .lowering.codegen import KERNEL_NAME
 from .lowering.primitive import Launch, stitch
-from .pipeline import Compiled, Program
+from .config import Config
+from .pipeline import Compiled, Program, build
+from .targets import Target
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What planning a region again needs (after `jax.grad` or `jax.vmap` transformed it, see
+    transforms.py): the GPU and the configuration. Every `stitch` carries it."""
+
+    target: Target
+    cfg: Config
 
 
 def _launch(c: Compiled, poison: bool) -> Launch:
@@ -56,18 +69,21 @@ def _schedule(program: Program):
     return [(n, nodes[n]) for n in order]
 
 
-def make_runner(program: Program):
+def make_runner(program: Program, context: Context):
     """A function of the dynamic flat arguments returning the flat outputs."""
     traced = program.traced
     schedule = _schedule(program)
     region_fns = {}
-    poison = load_config().poison
+    poison = context.cfg.poison
     for (kind, rid), c in schedule:
         if kind == "r":
             r = c.plan.region
             region_eqns = [traced.eqns[op.index] for op in r.ops]
             closed = trace_mod.region_jaxpr(region_eqns, r.inputs, r.outputs, traced.consts)
             region_fns[rid] = (r, closed, _launch(c, poison))
+
+    eqns = {i: _with_stitched_bodies(traced.eqns[i], program, i, context)
+            for (kind, i), _ in schedule if kind == "e"}
 
     def run(*flat_args):
         env = dict(traced.consts)
@@ -79,15 +95,33 @@ def make_runner(program: Program):
 
         for (kind, idx), _ in schedule:
             if kind == "e":
-                eqn = traced.eqns[idx]
+                eqn = eqns[idx]
                 outs = trace_mod.bind_eqn(eqn, [read(a) for a in eqn.inputs])
                 for v, o in zip(eqn.outputs, outs):
                     env[v.id] = o
             else:
                 r, closed, launch = region_fns[idx]
-                outs = stitch([read(v) for v in r.inputs], jaxpr=closed, launch=launch)
+                outs = stitch([read(v) for v in r.inputs], jaxpr=closed, launch=launch, context=context)
                 for v, o in zip(r.outputs, outs):
                     env[v.id] = o
         return [read(a) for a in traced.graph.outputs]
 
     return run
+
+
+def _with_stitched_bodies(eqn, program: Program, index: int, context: Context):
+    """A control-flow equation with each body that has stitched regions rebuilt around them."""
+    new = {}
+    for i, key, body in program.bodies:
+        if i == index and body.stitched:
+            closed = dict(trace_mod.bodies(eqn))[key]
+            new[key] = jax.make_jaxpr(make_runner(body, context))(*trace_mod.in_avals(closed))
+    return trace_mod.with_bodies(eqn, new) if new else eqn
+
+
+def restitch(fun, args, context: Context) -> list:
+    """`fun(*args)` (flat arrays in, a flat list out) planned and stitched like `jaxstitch.jit`'s
+    body: for a region after a transformation (transforms.py)."""
+    tree = jax.tree_util.tree_structure((tuple(args), {}))
+    program = build(fun, list(args), tree, context.target, context.cfg)
+    return list(make_runner(program, context)(*args))

@@ -90,14 +90,13 @@ class _Flattener:
     def atom(self, env, x) -> ir.Atom:
         if isinstance(x, jcore.Literal):
             val = x.val
-            if isinstance(val, np.ndarray) and val.shape == ():
-                val = val.item()
-            elif hasattr(val, "shape") and getattr(val, "shape", None) == ():
-                val = np.asarray(val).item()
-            if np.ndim(val) != 0:  # a non-scalar literal: keep it as a captured constant
+            # a non-scalar literal, or a float0 one (a symbolic zero tangent), is a captured constant
+            if np.ndim(val) != 0 or x.aval.dtype == jax.dtypes.float0:
                 v = self.new_value(x.aval)
                 self.consts[v.id] = val
                 return v
+            if hasattr(val, "shape"):
+                val = np.asarray(val).item()
             return ir.Const(val, _dtype_name(x.aval.dtype))
         return env[x]
 
@@ -212,3 +211,37 @@ def region_jaxpr(eqns: Sequence[Eqn], in_values: Sequence[ir.Value], out_values:
 
 def jaxpr_as_fun(closed):
     return jcore.jaxpr_as_fun(closed)
+
+
+# Control flow whose bodies are planned on their own (pipeline.build) and bound again with the
+# stitched bodies (stitcher.make_runner): the params holding a ClosedJaxpr, or a tuple of them.
+_BODY_PARAMS = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond": ("branches",)}
+
+
+def bodies(eqn: Eqn) -> list[tuple[tuple[str, int], Any]]:
+    """(key, ClosedJaxpr) for each body of a control-flow equation; key = (param, branch index)."""
+    out = []
+    for name in _BODY_PARAMS.get(eqn.primitive.name, ()):
+        val = eqn.params.get(name)
+        items = val if isinstance(val, (tuple, list)) else (val,)
+        for i, closed in enumerate(items):
+            if isinstance(closed, jcore.ClosedJaxpr):
+                out.append(((name, i), closed))
+    return out
+
+
+def with_bodies(eqn: Eqn, new: dict) -> Eqn:
+    """`eqn` with the bodies named in `new` ({key: ClosedJaxpr}, keys as from `bodies`) replaced."""
+    params = dict(eqn.params)
+    for name in _BODY_PARAMS.get(eqn.primitive.name, ()):
+        val = params[name]
+        if isinstance(val, (tuple, list)):
+            params[name] = type(val)(new.get((name, i), c) for i, c in enumerate(val))
+        else:
+            params[name] = new.get((name, 0), val)
+    return dataclasses.replace(eqn, params=params)
+
+
+def in_avals(closed) -> list:
+    """A closed jaxpr's inputs as ShapeDtypeStructs (to trace a body on its own)."""
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in closed.in_avals]

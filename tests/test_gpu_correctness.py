@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 
 import jaxstitch
 from jaxstitch.kernels import ffi
-from jaxstitch.ops import VIEWS
+from jaxstitch.ops import ELEMENTWISE, VIEWS
 from jaxstitch.workloads import WORKLOADS
 from hypothesis import event
 
@@ -34,6 +34,7 @@ from test_views import CASES as VIEW_CASES, _random as view_inputs
 from test_scans import CASES as SCAN_CASES
 from test_variadic import CASES as VARIADIC_CASES
 from test_tile_transpose import CASES as TRANSPOSE_CASES
+from test_transforms import COMPOSITIONS, CONTROL_FLOW, FUNS, MIN_KERNELS, stitched_kernels
 from jaxstitch.ops import VARIADIC
 from jaxstitch.ops import SCANS
 from jaxstitch.workloads import TOP_P
@@ -693,5 +694,55 @@ def test_transposed_tiles_match_xla(name, dtype):
     fun, specs = TRANSPOSE_CASES[name]
     what, _, got, want = forced_case("transpose", name, dtype, fun, lambda s: random_inputs(specs, s),
                                      {"transpose", "reshape"})
+    for i, (a, c) in enumerate(zip(got, want)):
+        compare(a, c, f"{what} output {i}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# transformations and control flow (the CPU tests in test_transforms.py, on our kernels)
+# ---------------------------------------------------------------------------------------------------
+
+GPU_COMPOSITIONS = ("grad", "jit_of_grad", "value_and_grad_in_jit", "vmap", "linearize", "checkpoint_grad")
+
+
+def _same_bits(outs, what):
+    first = jax.tree.leaves(outs[0])
+    for k, o in enumerate(outs[1:], 2):
+        for i, (a, b) in enumerate(zip(first, jax.tree.leaves(o))):
+            if np.asarray(a).tobytes() != np.asarray(b).tobytes():
+                pytest.fail(f"{what}: output {i} differs between run 1 and run {k}: a race")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("comp", GPU_COMPOSITIONS)
+@pytest.mark.parametrize("name", sorted(FUNS))
+def test_transforms_match_xla(name, comp, dtype):
+    """jax.grad / vmap / linearize / checkpoint of jaxstitch.jit, and jaxstitch.jit of jax.grad, forced:
+    the transformed regions run as our kernels (at least MIN_KERNELS of them) and match jax.jit of the
+    same composition of the plain function."""
+    f, specs = FUNS[name]
+    seed = (RUN_SEED + zlib.crc32(f"transforms/{name}/{comp}/{dtype}".encode())) % (1 << 63)
+    args = [a if a.dtype == np.int32 else jnp.asarray(a, DTYPES[dtype]) for a in random_inputs(specs, seed)]
+    what = _msg(f"{comp}({name}) {dtype}", seed)
+    make = COMPOSITIONS[comp]
+    with force_stitching():
+        fn = make(jaxstitch.jit, f, args)
+        kernels = stitched_kernels(jax.make_jaxpr(fn)())
+        outs = [jax.block_until_ready(fn()) for _ in range(RUNS)]
+    assert kernels >= MIN_KERNELS.get(comp, 1), f"{what}: {kernels} stitched kernels"
+    _same_bits(outs, what)
+    want = jax.block_until_ready(jax.jit(make(lambda g: g, f, args))())
+    for i, (a, c) in enumerate(zip(jax.tree.leaves(outs[0]), jax.tree.leaves(want), strict=True)):
+        if np.asarray(c).dtype != jax.dtypes.float0:
+            compare(a, c, f"{what} output {i}")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", sorted(CONTROL_FLOW))
+def test_control_flow_bodies_match_xla(name, dtype):
+    """Stitched regions inside scan / while / fori / cond bodies (and a scan's backward pass)."""
+    f, specs, _ = CONTROL_FLOW[name]
+    what, _, got, want = forced_case("control_flow", name, dtype, f, lambda s: random_inputs(specs, s),
+                                     ELEMENTWISE)
     for i, (a, c) in enumerate(zip(got, want)):
         compare(a, c, f"{what} output {i}")

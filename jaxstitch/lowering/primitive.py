@@ -1,8 +1,8 @@
 """The `stitch` primitive: one region, carried as its jaxpr, lowered to our kernel on CUDA.
 
 Built like `closed_call`: it holds the region's jaxpr, so its lowering anywhere but CUDA (or when no
-kernel was planned) simply evaluates that jaxpr with XLA, and JVP and batching rules transform the
-jaxpr. The HLO holds the cubin bytes and their content hash, never a process-local pointer, so JAX's
+kernel was planned) simply evaluates that jaxpr with XLA; the transformation rules (transforms.py)
+transform the jaxpr and plan the result again in the `context` the region carries. The HLO holds the cubin bytes and their content hash, never a process-local pointer, so JAX's
 persistent compilation cache and jax.export keep working.
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import dataclasses
 
 import jax
 import numpy as np
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import mlir
 
 from .. import trace
 from ..kernels import ffi
@@ -37,23 +37,23 @@ stitch_p = jcore.Primitive("jaxstitch_stitch")
 stitch_p.multiple_results = True
 
 
-def stitch(args, *, jaxpr, launch: Launch | None):
-    return stitch_p.bind(*args, jaxpr=jaxpr, launch=launch)
+def stitch(args, *, jaxpr, launch: Launch | None, context):
+    return stitch_p.bind(*args, jaxpr=jaxpr, launch=launch, context=context)
 
 
-def _impl(*args, jaxpr, launch):
-    return jax.jit(lambda *a: stitch_p.bind(*a, jaxpr=jaxpr, launch=launch))(*args)
+def _impl(*args, jaxpr, launch, context):
+    return jax.jit(lambda *a: stitch_p.bind(*a, jaxpr=jaxpr, launch=launch, context=context))(*args)
 
 
-def _abstract_eval(*avals, jaxpr, launch):
+def _abstract_eval(*avals, jaxpr, launch, context):
     return list(jaxpr.out_avals)
 
 
-def _evaluate(*args, jaxpr, launch):
+def _evaluate(*args, jaxpr, launch, context):
     return trace.jaxpr_as_fun(jaxpr)(*args)
 
 
-def _launch(*args, jaxpr, launch):
+def _launch(*args, jaxpr, launch, context):
     outs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in jaxpr.out_avals]
     extra = [jax.ShapeDtypeStruct((launch.workspace_bytes,), np.uint8)] if launch.workspace_bytes else []
     results = ffi.launch(list(args), out_types=outs + extra, cubin=launch.cubin, key=launch.key,
@@ -66,25 +66,12 @@ _fallback_rule = mlir.lower_fun(_evaluate, multiple_results=True)
 _launch_rule = mlir.lower_fun(_launch, multiple_results=True)
 
 
-def _cuda_rule(ctx, *args, jaxpr, launch):
-    if launch is None:
-        return _fallback_rule(ctx, *args, jaxpr=jaxpr, launch=launch)
-    return _launch_rule(ctx, *args, jaxpr=jaxpr, launch=launch)
-
-
-def _jvp(primals, tangents, *, jaxpr, launch):
-    tangents = [ad.instantiate_zeros(t) for t in tangents]
-    return jax.jvp(trace.jaxpr_as_fun(jaxpr), list(primals), tangents)
-
-
-def _batch(args, dims, *, jaxpr, launch):
-    outs = jax.vmap(trace.jaxpr_as_fun(jaxpr), in_axes=tuple(dims))(*args)
-    return list(outs), [0] * len(outs)
+def _cuda_rule(ctx, *args, jaxpr, launch, context):
+    rule = _fallback_rule if launch is None else _launch_rule
+    return rule(ctx, *args, jaxpr=jaxpr, launch=launch, context=context)
 
 
 stitch_p.def_impl(_impl)
 stitch_p.def_abstract_eval(_abstract_eval)
 mlir.register_lowering(stitch_p, _fallback_rule)
 mlir.register_lowering(stitch_p, _cuda_rule, platform="cuda")
-ad.primitive_jvps[stitch_p] = _jvp
-batching.primitive_batchers[stitch_p] = _batch

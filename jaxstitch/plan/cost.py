@@ -92,17 +92,17 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     ours_moved = must_move
     if widened_gathered_bytes is not None:
         ours_moved = sum(_nbytes(p, layout, GATHER_KERNEL_ITEMSIZE) for p in io) + widened_gathered_bytes
-    ours = (ours_moved + 2 * workspace_bytes) / (bw * efficiency) + target.launch_us
+    ours = (ours_moved + 2 * workspace_bytes) / (bw * efficiency)
     full_in = sum(_nbytes(layout.of(v), layout) for v in inputs if layout.of(v).declared == FULL)
     row_levels = max((p.level for p in layout.values if p.level != EPILOGUE), default=0)
-    grid_syncs = (1 if n_grid_reductions else 0) + row_levels * split_rounds
-    ours += grid_syncs * target.grid_sync_us
     if rereads:
         ours += row_levels * full_in / (bw * L2_SPEEDUP)
-    if busy_sms is not None:
+    if busy_sms is not None:  # only the moving of bytes slows down on fewer SMs, not the launch
         ours /= min(1.0, SM_OVERDRIVE * busy_sms / target.sm_count)
     if layout.n_cols <= NARROW_COLS:
         ours /= NARROW_EFFICIENCY
+    grid_syncs = (1 if n_grid_reductions else 0) + row_levels * split_rounds
+    ours += target.launch_us + grid_syncs * target.grid_sync_us
     n_full_out = sum(1 for v in outputs if layout.of(v).declared == FULL)
     f32_full = layout.n_rows * layout.n_cols * 4
     if row_levels == 0 and n_grid_reductions == 0:

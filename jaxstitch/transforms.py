@@ -1,0 +1,169 @@
+"""Transformation rules for the `stitch` primitive: transform the region's jaxpr, then stitch it again.
+
+Built like `pjit`'s rules. A region carries its jaxpr and the `Context` it was planned in, so
+`jax.grad`, `jax.vmap` and `jax.linearize` of a stitched function give functions that are planned
+and stitched in turn, instead of falling back to the region's primitives:
+
+- JVP: the region's JVP is unzipped into a *known* part (primal results, and the residuals the
+  tangents need) and a *linear* part (residuals, tangents -> output tangents), each stitched on its
+  own. Kept apart, no kernel mixes known and unknown inputs, so JAX's partial evaluation leaves
+  the primal kernels in the forward pass and stages only linear kernels. Residuals are the inputs,
+  the results and reduced values; full-size intermediates are recomputed in the linear part (a
+  memory-bound kernel re-reads its inputs faster than it could write and read them back).
+- Transpose: the linear region's transpose (`jax.linear_transpose`, residuals held fixed).
+- Batching: the region under `jax.vmap`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import numpy as np
+from jax.interpreters import ad, batching
+
+from . import ir, trace as trace_mod
+from .lowering.primitive import stitch_p
+from .stitcher import restitch
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Unzipped:
+    """A traced function split by dependence on its unknown inputs (see `unzip`)."""
+
+    traced: trace_mod.Traced
+    known_eqns: tuple[trace_mod.Eqn, ...]
+    linear_eqns: tuple[trace_mod.Eqn, ...]  # recomputed known equations first where needed
+    residuals: tuple[ir.Value, ...]         # known values the linear part reads
+    unknown_inputs: tuple[bool, ...]
+    unknown_outputs: tuple[bool, ...]
+
+    def known(self, *known_args):
+        """Known inputs -> (known outputs, residuals)."""
+        g = self.traced.graph
+        ins = [v for v, u in zip(g.inputs, self.unknown_inputs) if not u]
+        outs = [a for a, u in zip(g.outputs, self.unknown_outputs) if not u] + list(self.residuals)
+        return trace_mod.evaluate(self.known_eqns, ins, known_args, outs, self.traced.consts)
+
+    def linear(self, *res_and_unknown_args):
+        """(residuals, unknown inputs) -> unknown outputs."""
+        g = self.traced.graph
+        ins = list(self.residuals) + [v for v, u in zip(g.inputs, self.unknown_inputs) if u]
+        outs = [a for a, u in zip(g.outputs, self.unknown_outputs) if u]
+        return trace_mod.evaluate(self.linear_eqns, ins, res_and_unknown_args, outs, self.traced.consts)
+
+
+def unzip(traced: trace_mod.Traced, unknown_inputs: Sequence[bool]) -> Unzipped:
+    """Split `traced` into the equations computable from the known inputs and those that depend on
+    the unknown ones. A known value the unknown side reads is a residual if it is an input, a
+    result or smaller than the largest values; otherwise its producers are computed again there."""
+    graph = traced.graph
+    unknown = {v.id for v, u in zip(graph.inputs, unknown_inputs) if u}
+    is_unknown = []
+    for e in traced.eqns:
+        u = any(isinstance(a, ir.Value) and a.id in unknown for a in e.inputs)
+        is_unknown.append(u)
+        if u:
+            unknown.update(o.id for o in e.outputs)
+    producer = {o.id: i for i, e in enumerate(traced.eqns) for o in e.outputs}
+    full = max((v.size for e in traced.eqns for v in e.outputs), default=0)
+    kept = {v.id for v in graph.inputs} | {a.id for a in graph.outputs if isinstance(a, ir.Value)}
+
+    recompute, residuals, seen = set(), [], set()
+
+    def need(a):
+        if not isinstance(a, ir.Value) or a.id in unknown or a.id in seen or a.id in traced.consts:
+            return
+        seen.add(a.id)
+        if a.id in kept or a.id not in producer or a.size < full:
+            residuals.append(a)
+            return
+        i = producer[a.id]
+        recompute.add(i)
+        for b in traced.eqns[i].inputs:
+            need(b)
+
+    for i, e in enumerate(traced.eqns):
+        if is_unknown[i]:
+            for a in e.inputs:
+                need(a)
+    unknown_outputs = tuple(isinstance(a, ir.Value) and a.id in unknown for a in graph.outputs)
+    known_eqns = tuple(e for e, u in zip(traced.eqns, is_unknown) if not u)
+    linear_eqns = tuple(e for i, e in enumerate(traced.eqns) if is_unknown[i] or i in recompute)
+    return Unzipped(traced, known_eqns, linear_eqns, tuple(residuals),
+                    tuple(bool(u) for u in unknown_inputs), unknown_outputs)
+
+
+def _jvp(primals, tangents, *, jaxpr, launch, context):
+    region = trace_mod.jaxpr_as_fun(jaxpr)
+    nonzero = [type(t) is not ad.Zero and _inexact(p) for p, t in zip(primals, tangents)]
+    n = len(primals)
+
+    def jvp_fun(*args):
+        ts = iter(args[n:])
+        full = [next(ts) if nz else _zeros(p) for p, nz in zip(args[:n], nonzero)]
+        p_out, t_out = jax.jvp(region, list(args[:n]), full)
+        return [*p_out, *t_out]
+
+    live_tangents = [t for t, nz in zip(tangents, nonzero) if nz]
+    traced = trace_mod.trace(jvp_fun, [*primals, *live_tangents],
+                             jax.tree_util.tree_structure((tuple(primals) + tuple(live_tangents), {})))
+    parts = unzip(traced, [False] * n + [True] * len(live_tangents))
+    known = restitch(parts.known, list(primals), context)
+    n_known = sum(not u for u in parts.unknown_outputs)
+    known_outs, residuals = known[:n_known], known[n_known:]
+    linear_outs = restitch(parts.linear, [*residuals, *live_tangents], context) if any(parts.unknown_outputs) else []
+    ko, lo = iter(known_outs), iter(linear_outs)
+    outs = [next(lo) if u else next(ko) for u in parts.unknown_outputs]
+    return outs[:len(jaxpr.out_avals)], outs[len(jaxpr.out_avals):]
+
+
+def _inexact(x) -> bool:
+    return jax.numpy.issubdtype(x.dtype, jax.numpy.inexact)
+
+
+def _zeros(p):
+    """A zero tangent for primal `p` (float0 for integer and boolean primals)."""
+    if not _inexact(p):
+        return np.zeros(p.shape, jax.dtypes.float0)
+    return jax.numpy.zeros(p.shape, p.dtype)
+
+
+def _transpose(cts, *args, jaxpr, launch, context):
+    linear = [ad.is_undefined_primal(a) for a in args]
+    fixed = [a for a, lin in zip(args, linear) if not lin]
+    lin_avals = [a.aval for a, lin in zip(args, linear) if lin]
+    # outputs that carry a cotangent (floats, not symbolic zeros)
+    used = [type(c) is not ad.Zero and c is not None and jax.numpy.issubdtype(o.dtype, jax.numpy.inexact)
+            for c, o in zip(cts, jaxpr.out_avals)]
+    if not any(used):
+        return [ad.Zero(a.aval) if lin else None for a, lin in zip(args, linear)]
+    region = trace_mod.jaxpr_as_fun(jaxpr)
+    k = len(fixed)
+
+    def backward(*vals):
+        held, ct = vals[:k], vals[k:]
+
+        def forward(*lin_args):
+            it_l, it_h = iter(lin_args), iter(held)
+            outs = region(*[next(it_l) if lin else next(it_h) for lin in linear])
+            return [o for o, u in zip(outs, used) if u]
+
+        shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in lin_avals]
+        return list(jax.linear_transpose(forward, *shapes)(list(ct)))
+
+    ct_used = [c for c, u in zip(cts, used) if u]
+    ct_in = iter(restitch(backward, [*fixed, *ct_used], context))
+    return [next(ct_in) if lin else None for lin in linear]
+
+
+def _batch(args, dims, *, jaxpr, launch, context):
+    axes = tuple(d if isinstance(d, int) else None for d in dims)  # not mapped: None
+    fun = jax.vmap(trace_mod.jaxpr_as_fun(jaxpr), in_axes=axes)
+    outs = restitch(lambda *a: list(fun(*a)), list(args), context)
+    return outs, [0] * len(outs)
+
+
+ad.primitive_jvps[stitch_p] = _jvp
+ad.primitive_transposes[stitch_p] = _transpose
+batching.primitive_batchers[stitch_p] = _batch
