@@ -10,12 +10,13 @@ and stitched in turn, instead of falling back to the region's primitives:
   the primal kernels in the forward pass and stages only linear kernels. Residuals are the inputs,
   the results and reduced values; full-size intermediates are recomputed in the linear part (a
   memory-bound kernel re-reads its inputs faster than it could write and read them back).
-- Transpose: the linear region's transpose (`jax.linear_transpose`, residuals held fixed).
+- Transpose: the linear region's transpose (its VJP, residuals held fixed).
 - Batching: the region under `jax.vmap`.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Sequence
 
 import jax
@@ -25,6 +26,8 @@ from jax.interpreters import ad, batching
 from . import ir, trace as trace_mod
 from .lowering.primitive import stitch_p
 from .stitcher import restitch
+
+log = logging.getLogger("jaxstitch")
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -109,10 +112,11 @@ def _jvp(primals, tangents, *, jaxpr, launch, context):
     traced = trace_mod.trace(jvp_fun, [*primals, *live_tangents],
                              jax.tree_util.tree_structure((tuple(primals) + tuple(live_tangents), {})))
     parts = unzip(traced, [False] * n + [True] * len(live_tangents))
-    known = restitch(parts.known, list(primals), context)
+    known = _restitch(parts.known, list(primals), context, "JVP (primal part)")
     n_known = sum(not u for u in parts.unknown_outputs)
     known_outs, residuals = known[:n_known], known[n_known:]
-    linear_outs = restitch(parts.linear, [*residuals, *live_tangents], context) if any(parts.unknown_outputs) else []
+    linear_outs = (_restitch(parts.linear, [*residuals, *live_tangents], context, "JVP (linear part)")
+                   if any(parts.unknown_outputs) else [])
     ko, lo = iter(known_outs), iter(linear_outs)
     outs = [next(lo) if u else next(ko) for u in parts.unknown_outputs]
     return outs[:len(jaxpr.out_avals)], outs[len(jaxpr.out_avals):]
@@ -149,19 +153,30 @@ def _transpose(cts, *args, jaxpr, launch, context):
             outs = region(*[next(it_l) if lin else next(it_h) for lin in linear])
             return [o for o, u in zip(outs, used) if u]
 
-        shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in lin_avals]
-        return list(jax.linear_transpose(forward, *shapes)(list(ct)))
+        # the transpose of a linear function is its VJP at any point; at zeros, the forward
+        # computation the backward pass does not read is dead code, which tracing drops
+        _, vjp = jax.vjp(forward, *[jax.numpy.zeros(a.shape, a.dtype) for a in lin_avals])
+        return list(vjp(list(ct)))
 
     ct_used = [c for c, u in zip(cts, used) if u]
-    ct_in = iter(restitch(backward, [*fixed, *ct_used], context))
+    ct_in = iter(_restitch(backward, [*fixed, *ct_used], context, "transpose"))
     return [next(ct_in) if lin else None for lin in linear]
 
 
 def _batch(args, dims, *, jaxpr, launch, context):
     axes = tuple(d if isinstance(d, int) else None for d in dims)  # not mapped: None
     fun = jax.vmap(trace_mod.jaxpr_as_fun(jaxpr), in_axes=axes)
-    outs = restitch(lambda *a: list(fun(*a)), list(args), context)
+    outs = _restitch(lambda *a: list(fun(*a)), list(args), context, "batching")
     return outs, [0] * len(outs)
+
+
+def _restitch(fun, args, context, what: str) -> list:
+    """restitch(fun, args), or on a failure in planning it, fun's own primitives (XLA), logged."""
+    try:
+        return restitch(fun, args, context)
+    except Exception as e:  # noqa: BLE001 - planning a transformed region must never break the program
+        log.warning("a region's %s is left to XLA: %s: %s", what, type(e).__name__, e)
+        return list(fun(*args))
 
 
 ad.primitive_jvps[stitch_p] = _jvp

@@ -733,8 +733,8 @@ def test_transforms_match_xla(name, comp, dtype):
     _same_bits(outs, what)
     want = jax.block_until_ready(jax.jit(make(lambda g: g, f, args))())
     for i, (a, c) in enumerate(zip(jax.tree.leaves(outs[0]), jax.tree.leaves(want), strict=True)):
-        if np.asarray(c).dtype != jax.dtypes.float0:
-            compare(a, c, f"{what} output {i}")
+        if np.asarray(c).dtype != jax.dtypes.float0:  # (float32 losses of bfloat16 results: lossy)
+            compare(a, c, f"{what} output {i}", lossy=dtype)
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

@@ -94,6 +94,7 @@ EXPR = {
     "integer_pow": _integer_pow,
     "square": lambda op, a: f"({a[0]} * {a[0]})",
     "reciprocal": lambda op, a: f"(1.0f / {a[0]})",
+    "one_minus_square": lambda op, a: f"(1.0f - {a[0]} * {a[0]})",  # (jax 0.11: tanh's derivative)
     "stop_gradient": lambda op, a: a[0], "copy": lambda op, a: a[0], "copy_p": lambda op, a: a[0],
     "convert_element_type": _convert,
     "add": lambda op, a: f"({a[0]} + {a[1]})", "add_any": lambda op, a: f"({a[0]} + {a[1]})",

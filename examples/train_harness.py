@@ -1,0 +1,95 @@
+"""What the training examples share: run one train step under jax.jit and under jaxstitch.jit from the
+same seed, check the losses agree, time the steps and count the kernels of both executables.
+
+A train step here is a pure function `step(graphdef, state, batch) -> (loss, new_state)` over an NNX
+model and optimizer split into a static graph definition and a state of arrays (what `nnx.jit` does
+inside); the state is donated, as in-place training expects. Both compilers get the same function.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import statistics
+import time
+from typing import Callable
+
+import jax
+import numpy as np
+
+import jaxstitch
+from jaxstitch.bench import count_kernels
+
+GEMM = re.compile(r"__cublas|__cudnn|kind=kCustom|triton_gemm|cublas")
+
+
+def kernel_counts(hlo: str) -> tuple[int, int]:
+    """(all launches, memory-intensive ones: all but matrix products) of a compiled HLO module."""
+    total = count_kernels(hlo)
+    gemms = sum(1 for line in hlo.splitlines() if " = " in line and GEMM.search(line)
+                and ("custom-call(" in line or " fusion(" in line))
+    return total, total - gemms
+
+
+@dataclasses.dataclass
+class Run:
+    name: str
+    losses: list[float]
+    step_ms: float
+    compile_s: float
+    kernels: int | None
+    memory_kernels: int | None
+
+
+def run(name: str, jit: Callable, step, init: Callable, batch: Callable, steps: int) -> Run:
+    """`steps` train steps from `init()` (graphdef, state) on `batch(i)`; the first compiles."""
+    graphdef, state = init()
+    f = jit(step, static_argnums=(0,), donate_argnums=(1,))
+    t0 = time.perf_counter()
+    lowered = f.lower(graphdef, state, batch(0))
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - t0
+    try:
+        kernels, memory = kernel_counts(compiled.as_text())
+    except ValueError:
+        kernels = memory = None
+    losses, times = [], []
+    for i in range(steps):
+        b = batch(i)
+        jax.block_until_ready(b)
+        t = time.perf_counter()
+        loss, state = f(graphdef, state, b)
+        loss = float(loss)  # waits for the step
+        times.append(time.perf_counter() - t)
+        losses.append(loss)
+    warm = times[min(3, len(times) - 1):]
+    return Run(name, losses, 1e3 * statistics.median(warm), compile_s, kernels, memory)
+
+
+def compare(title: str, step, init: Callable, batch: Callable, steps: int, rtol: float) -> bool:
+    """Both runs, their table, and whether the losses match step by step within `rtol`."""
+    runs = [run("jax.jit", jax.jit, step, init, batch, steps),
+            run("jaxstitch.jit", jaxstitch.jit, step, init, batch, steps)]
+    ref, ours = runs
+    diff = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(ours.losses, ref.losses))
+    ok = diff <= rtol and all(np.isfinite(ours.losses))
+    print(f"\n{title} on {jax.devices()[0].device_kind}, {steps} steps")
+    print(f"{'':14s} {'step ms':>9s} {'compile s':>10s} {'kernels':>8s} {'memory-bound':>13s} "
+          f"{'loss[0]':>9s} {'loss[-1]':>9s}")
+    for r in runs:
+        k = "-" if r.kernels is None else str(r.kernels)
+        m = "-" if r.memory_kernels is None else str(r.memory_kernels)
+        print(f"{r.name:14s} {r.step_ms:9.2f} {r.compile_s:10.1f} {k:>8s} {m:>13s} "
+              f"{r.losses[0]:9.4f} {r.losses[-1]:9.4f}")
+    print(f"speedup {ref.step_ms / ours.step_ms:.2f}x; losses: max relative difference {diff:.2e} over "
+          f"{steps} steps ({'match' if ok else 'DIFFER'}, tolerance {rtol:g})")
+    return ok
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--quick", action="store_true", help="a tiny model (CPU smoke run)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--explain", action="store_true", help="print jaxstitch's plan for the train step")
+    return p
