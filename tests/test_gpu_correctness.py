@@ -740,9 +740,24 @@ def test_transforms_match_xla(name, comp, dtype):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", sorted(CONTROL_FLOW))
 def test_control_flow_bodies_match_xla(name, dtype):
-    """Stitched regions inside scan / while / fori / cond bodies (and a scan's backward pass)."""
+    """Stitched regions inside scan / while / fori / cond bodies (and a scan's backward pass).
+    The GRU cell's matrix products run in full float32: with TF32 (XLA's default), a last-bit
+    difference in a product's input (ours and XLA's elementwise code round differently) moved the
+    float32 gradient of the recurrent weights by 2e-4 of its scale over 10 steps.
+    In bfloat16 a gradient carried through the scan is rounded to bfloat16 at every step, by XLA and
+    by us at different points (4 ulps apart after 10 steps on an H200): there each output is held to
+    the float32 result within twice XLA's own distance from it (or the bfloat16 tolerance)."""
     f, specs, _ = CONTROL_FLOW[name]
-    what, _, got, want = forced_case("control_flow", name, dtype, f, lambda s: random_inputs(specs, s),
-                                     ELEMENTWISE)
-    for i, (a, c) in enumerate(zip(got, want)):
-        compare(a, c, f"{what} output {i}")
+    with jax.default_matmul_precision("float32"):
+        what, args, got, want = forced_case("control_flow", name, dtype, f, lambda s: random_inputs(specs, s),
+                                            ELEMENTWISE)
+        exact = jax.tree.leaves(jax.jit(f)(*[a.astype(jnp.float32) if a.dtype == jnp.bfloat16 else a
+                                             for a in args]))
+    for i, (a, c, e) in enumerate(zip(got, want, exact)):
+        if dtype == "float32" or not jnp.issubdtype(np.asarray(c).dtype, jnp.floating):
+            compare(a, c, f"{what} output {i}")
+            continue
+        a32, c32, e32 = (np.asarray(v, np.float32) for v in (a, c, e))
+        ours, xla = float(np.max(np.abs(a32 - e32))), float(np.max(np.abs(c32 - e32)))
+        bound = max(2 * xla, TOL["bfloat16"] * float(np.max(np.abs(e32))))
+        assert ours <= bound, f"{what} output {i}: {ours:.3g} from float32, XLA {xla:.3g} (bound {bound:.3g})"
