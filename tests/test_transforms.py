@@ -299,3 +299,61 @@ def test_a_body_without_stitched_regions_is_left_as_it_was():
     assert stitched_kernels(ours) == 0
     assert str(plain).count("scan[") == str(ours).count("scan[") == 1
     _check_close(_cpu_stitch(f)(xs), jax.jit(f)(xs))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Flax NNX
+# ---------------------------------------------------------------------------------------------------
+
+def test_nnx_jit_updates_modules_and_optimizer_in_place_like_nnx_jit():
+    """jaxstitch.nnx.jit of a train step (dropout RNG counters, AdamW state, parameters updated in
+    place) gives nnx.jit's losses and parameters, step after step."""
+    optax = pytest.importorskip("optax")
+    nnx = pytest.importorskip("flax.nnx")
+    import jaxstitch.nnx
+
+    class Mlp(nnx.Module):
+        def __init__(self, rngs):
+            self.l1 = nnx.Linear(64, 128, rngs=rngs)
+            self.ln = nnx.LayerNorm(128, rngs=rngs)
+            self.drop = nnx.Dropout(0.1, rngs=rngs)
+            self.l2 = nnx.Linear(128, 10, rngs=rngs)
+
+        def __call__(self, x):
+            return self.l2(self.drop(jax.nn.gelu(self.ln(self.l1(x)))))
+
+    def step(model, optimizer, x, y):
+        def loss_fn(m):
+            return optax.softmax_cross_entropy_with_integer_labels(m(x), y).mean()
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return loss
+
+    x = random_inputs([S32((256, 64), jnp.float32)], 4)[0]
+    y = jax.random.randint(jax.random.key(2), (256,), 0, 10)
+    runs = []
+    for wrap in (nnx.jit, jaxstitch.nnx.jit(target="h100")):
+        model = Mlp(nnx.Rngs(0))
+        optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+        f = wrap(step)
+        with force_stitching():
+            losses = [float(f(model, optimizer, x, y)) for _ in range(4)]
+        runs.append((losses, jax.tree.leaves(nnx.state(model, nnx.Param))))
+    (want, want_params), (got, got_params) = runs
+    assert len(set(want)) == 4, "the losses move from step to step"
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    _check_close(got_params, want_params, 1e-5)
+
+
+def test_bert_example_runs_and_matches_jax_jit():
+    """examples/bert_train.py at its tiny size: both compilers train to the same losses."""
+    pytest.importorskip("optax")
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    import bert_train
+    import train_harness
+
+    c = bert_train.QUICK
+    assert train_harness.compare("tiny BERT", bert_train.train_step, bert_train.make_init(c, 0),
+                                 bert_train.make_batches(c, 0), steps=4, rtol=1e-5)
