@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import jax
 
-from . import config, pipeline, report as report_mod, targets, transforms  # noqa: F401 (registers the stitch rules)
+from . import config, pipeline, report as report_mod, targets
 from .kernels import ffi
 from .stitcher import Context, make_runner
 

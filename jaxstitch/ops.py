@@ -10,8 +10,8 @@ from . import ir
 UNARY = frozenset({
     "neg", "abs", "sign", "floor", "ceil", "round", "exp", "exp2", "log", "log1p", "expm1", "tanh",
     "logistic", "erf", "erfc", "erf_inv", "sqrt", "rsqrt", "cbrt", "sin", "cos", "tan", "not",
-    "is_finite", "integer_pow", "square", "reciprocal", "one_minus_square", "stop_gradient", "copy", "copy_p",
-    "convert_element_type", "reduce_precision", "real", "imag",
+    "is_finite", "integer_pow", "square", "reciprocal", "one_minus_square", "stop_gradient", "copy",
+    "copy_p", "convert_element_type", "reduce_precision", "real", "imag",
 } - {"real", "imag", "reduce_precision"})
 BINARY = frozenset({
     "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter",

@@ -258,7 +258,8 @@ def _dump(program: Program, dump_dir: str):
 
     os.makedirs(dump_dir, exist_ok=True)
     for where, c in program.all_regions():
-        rid = (where.replace("/", ".").replace("[", "").replace("]", "") + "." if where else "") + str(c.plan.region.id)
+        body = where.replace("/", ".").replace("[", "").replace("]", "")
+        rid = f"{body}.{c.plan.region.id}" if body else str(c.plan.region.id)
         if c.source:
             with open(os.path.join(dump_dir, f"region{rid}.cu"), "w") as f:
                 f.write(c.source)

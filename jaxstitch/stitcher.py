@@ -7,9 +7,9 @@ import heapq
 import jax
 
 from . import ir, trace as trace_mod
+from .config import Config
 from .lowering.codegen import KERNEL_NAME
 from .lowering.primitive import Launch, stitch
-from .config import Config
 from .pipeline import Compiled, Program, build
 from .targets import Target
 

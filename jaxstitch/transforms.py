@@ -36,7 +36,7 @@ class Unzipped:
 
     traced: trace_mod.Traced
     known_eqns: tuple[trace_mod.Eqn, ...]
-    linear_eqns: tuple[trace_mod.Eqn, ...]  # recomputed known equations first where needed
+    linear_eqns: tuple[trace_mod.Eqn, ...]  # in program order, with the known ones it recomputes
     residuals: tuple[ir.Value, ...]         # known values the linear part reads
     unknown_inputs: tuple[bool, ...]
     unknown_outputs: tuple[bool, ...]

@@ -2,8 +2,9 @@
 
 Built like `closed_call`: it holds the region's jaxpr, so its lowering anywhere but CUDA (or when no
 kernel was planned) simply evaluates that jaxpr with XLA; the transformation rules (transforms.py)
-transform the jaxpr and plan the result again in the `context` the region carries. The HLO holds the cubin bytes and their content hash, never a process-local pointer, so JAX's
-persistent compilation cache and jax.export keep working.
+transform the jaxpr and plan the result again in the `context` the region carries. The HLO holds
+the cubin bytes and their content hash, never a process-local pointer, so JAX's persistent
+compilation cache and jax.export keep working.
 """
 from __future__ import annotations
 
