@@ -5,8 +5,6 @@ import dataclasses
 import logging
 import os
 
-import jax
-
 from . import ir, partition as partition_mod, trace as trace_mod
 from .config import Config
 from .kernels import cache, nvrtc
@@ -189,8 +187,7 @@ def _build(traced: trace_mod.Traced, target: Target, cfg: Config) -> Program:
 
 def _trace_body(closed) -> trace_mod.Traced:
     avals = trace_mod.in_avals(closed)
-    tree = jax.tree_util.tree_structure((tuple(avals), {}))
-    return trace_mod.trace(trace_mod.jaxpr_as_fun(closed), avals, tree)
+    return trace_mod.trace(trace_mod.jaxpr_as_fun(closed), avals, trace_mod.positional_tree(avals))
 
 
 def stitch_remote(graph, regions: tuple[Compiled, ...], target: Target, cfg: Config) -> tuple[Compiled, ...]:

@@ -122,6 +122,5 @@ def _with_stitched_bodies(eqn, program: Program, index: int, context: Context):
 def restitch(fun, args, context: Context) -> list:
     """`fun(*args)` (flat arrays in, a flat list out) planned and stitched like `jaxstitch.jit`'s
     body: for a region after a transformation (transforms.py)."""
-    tree = jax.tree_util.tree_structure((tuple(args), {}))
-    program = build(fun, list(args), tree, context.target, context.cfg)
+    program = build(fun, list(args), trace_mod.positional_tree(args), context.target, context.cfg)
     return list(make_runner(program, context)(*args))

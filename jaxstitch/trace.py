@@ -144,6 +144,11 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
     return Traced(graph, eqns, consts, out_tree_box[0])
 
 
+def positional_tree(args: Sequence[Any]):
+    """The `in_tree` of a call `fun(*args)` with flat positional arrays (for `trace`)."""
+    return jax.tree_util.tree_structure((tuple(args), {}))
+
+
 def _flatten(closed) -> tuple[ir.Graph, tuple[Eqn, ...], dict]:
     """A closed jaxpr as a graph over fresh values, its live equations and its captured constants."""
     fl = _Flattener()

@@ -108,9 +108,9 @@ def _jvp(primals, tangents, *, jaxpr, launch, context):
         p_out, t_out = jax.jvp(region, list(args[:n]), full)
         return [*p_out, *t_out]
 
-    live_tangents = [t for t, nz in zip(tangents, nonzero) if nz]
-    traced = trace_mod.trace(jvp_fun, [*primals, *live_tangents],
-                             jax.tree_util.tree_structure((tuple(primals) + tuple(live_tangents), {})))
+    args = [*primals, *(t for t, nz in zip(tangents, nonzero) if nz)]
+    live_tangents = args[n:]
+    traced = trace_mod.trace(jvp_fun, args, trace_mod.positional_tree(args))
     parts = unzip(traced, [False] * n + [True] * len(live_tangents))
     known = _restitch(parts.known, list(primals), context, "JVP (primal part)")
     n_known = sum(not u for u in parts.unknown_outputs)
@@ -138,8 +138,7 @@ def _transpose(cts, *args, jaxpr, launch, context):
     fixed = [a for a, lin in zip(args, linear) if not lin]
     lin_avals = [a.aval for a, lin in zip(args, linear) if lin]
     # outputs that carry a cotangent (floats, not symbolic zeros)
-    used = [type(c) is not ad.Zero and c is not None and jax.numpy.issubdtype(o.dtype, jax.numpy.inexact)
-            for c, o in zip(cts, jaxpr.out_avals)]
+    used = [type(c) is not ad.Zero and c is not None and _inexact(o) for c, o in zip(cts, jaxpr.out_avals)]
     if not any(used):
         return [ad.Zero(a.aval) if lin else None for a, lin in zip(args, linear)]
     region = trace_mod.jaxpr_as_fun(jaxpr)
@@ -155,7 +154,7 @@ def _transpose(cts, *args, jaxpr, launch, context):
 
         # the transpose of a linear function is its VJP at any point; at zeros, the forward
         # computation the backward pass does not read is dead code, which tracing drops
-        _, vjp = jax.vjp(forward, *[jax.numpy.zeros(a.shape, a.dtype) for a in lin_avals])
+        _, vjp = jax.vjp(forward, *[_zeros(a) for a in lin_avals])
         return list(vjp(list(ct)))
 
     ct_used = [c for c, u in zip(cts, used) if u]

@@ -29,17 +29,23 @@ HOST_BOUND = ("adamw_bert",)
 GPU_EVENTS = ("kernel", "gpu_memset", "gpu_memcpy")
 
 
-def one_call(f, args) -> tuple[float, int]:
-    """(span µs, kernels) of one call, the GPU idle before it."""
-    jax.block_until_ready(f(*args))
+def gpu_events(run) -> list[dict]:
+    """The GPU events (kernels, memsets, copies) CUPTI records while `run()` executes, as chrome
+    trace events (`cat`, `name`, `ts` and `dur` in µs)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        jax.block_until_ready(f(*args))
+        run()
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)
         with open(path) as fh:
             events = json.load(fh)["traceEvents"]
-    ev = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_EVENTS]
+    return [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_EVENTS]
+
+
+def one_call(f, args) -> tuple[float, int]:
+    """(span µs, kernels) of one call, the GPU idle before it."""
+    jax.block_until_ready(f(*args))
+    ev = gpu_events(lambda: jax.block_until_ready(f(*args)))
     if not ev:
         return float("nan"), 0
     start = min(e["ts"] for e in ev)

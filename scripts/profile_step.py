@@ -6,36 +6,26 @@ kernels that take the most time, grouped by name.
 """
 import argparse
 import collections
-import json
 import os
 import sys
-import tempfile
 
-import torch  # first: its CUDA context is the one jax then shares
-
-torch.cuda.init()
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "examples")]
+from device_time import gpu_events  # noqa: E402  (first: torch's CUDA context is the one jax shares)
 
 import jax  # noqa: E402
 
 import jaxstitch  # noqa: E402
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import bert_train  # noqa: E402
 
 
 def profile(f, graphdef, state, batch):
+    """The kernel events of one warm step."""
     for _ in range(3):
         _, state = f(graphdef, state, batch)
     jax.block_until_ready(state)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        _, state = f(graphdef, state, batch)
-        jax.block_until_ready(state)
-    with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as fh:
-            events = [e for e in json.load(fh)["traceEvents"] if e.get("cat") == "kernel"]
-    return events
+    return [e for e in gpu_events(lambda: jax.block_until_ready(f(graphdef, state, batch)))
+            if e.get("cat") == "kernel"]
 
 
 def main():

@@ -137,6 +137,12 @@ def run_stitched(fn, args, what):
     """RUNS calls of jaxstitch.jit(fn) on the same inputs: they must agree bit for bit."""
     f = jaxstitch.jit(fn)
     outs = [jax.block_until_ready(f(*args)) for _ in range(RUNS)]
+    _same_bits(outs, what)
+    return f, outs[0]
+
+
+def _same_bits(outs, what):
+    """Results of repeated calls on the same inputs must agree bit for bit (else a race)."""
     first = jax.tree.leaves(outs[0])
     for k, o in enumerate(outs[1:], 2):
         for i, (a, b) in enumerate(zip(first, jax.tree.leaves(o))):
@@ -144,7 +150,6 @@ def run_stitched(fn, args, what):
             if a.tobytes() != b.tobytes():
                 diff = int(np.sum(a.view(np.uint8) != b.view(np.uint8)))
                 pytest.fail(f"{what}: output {i} differs between run 1 and run {k} ({diff} bytes): a race")
-    return f, outs[0]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -703,14 +708,6 @@ def test_transposed_tiles_match_xla(name, dtype):
 # ---------------------------------------------------------------------------------------------------
 
 GPU_COMPOSITIONS = ("grad", "jit_of_grad", "value_and_grad_in_jit", "vmap", "linearize", "checkpoint_grad")
-
-
-def _same_bits(outs, what):
-    first = jax.tree.leaves(outs[0])
-    for k, o in enumerate(outs[1:], 2):
-        for i, (a, b) in enumerate(zip(first, jax.tree.leaves(o))):
-            if np.asarray(a).tobytes() != np.asarray(b).tobytes():
-                pytest.fail(f"{what}: output {i} differs between run 1 and run {k}: a race")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
