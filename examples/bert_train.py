@@ -121,7 +121,8 @@ def main():
         graphdef, state = init()
         print(jaxstitch.explain(train_step, graphdef, state, batch(0), target="h100"))
     rtol = 2e-3 if c.dtype == "float32" else 2e-2
-    ok = train_harness.compare(f"BERT masked-LM train step {c}", train_step, init, batch, args.steps, rtol=rtol)
+    ok = train_harness.compare(f"BERT masked-LM train step {c}", train_step, init, batch, args.steps, rtol=rtol,
+                                json_path=args.json)
     sys.exit(0 if ok else 1)
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import functools
+import json
 import re
 import time
 from typing import Callable
@@ -68,10 +70,13 @@ def run(name: str, jit: Callable, step, init: Callable, batch: Callable, steps: 
     return Run(name, [float(x) for x in losses], step_ms, compile_s, kernels, memory)
 
 
-def compare(title: str, step, init: Callable, batch: Callable, steps: int, rtol: float) -> bool:
-    """Both runs, their table, and whether the losses match step by step within `rtol`."""
+def compare(title: str, step, init: Callable, batch: Callable, steps: int, rtol: float,
+            json_path: str | None = None, stitch_jit: Callable = jaxstitch.jit) -> bool:
+    """Both runs, their table, and whether the losses match step by step within `rtol`; with
+    `json_path`, the same written as JSON (what scripts/plot_steps.py draws). `stitch_jit` lets a
+    test plan for a named GPU on a CPU (`functools.partial(jaxstitch.jit, target="h100")`)."""
     runs = [run("jax.jit", jax.jit, step, init, batch, steps),
-            run("jaxstitch.jit", jaxstitch.jit, step, init, batch, steps)]
+            run("jaxstitch.jit", stitch_jit, step, init, batch, steps)]
     ref, ours = runs
     diff = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(ours.losses, ref.losses))
     ok = diff <= rtol and all(np.isfinite(ours.losses))
@@ -85,6 +90,13 @@ def compare(title: str, step, init: Callable, batch: Callable, steps: int, rtol:
               f"{r.losses[0]:9.4f} {r.losses[-1]:9.4f}")
     print(f"speedup {ref.step_ms / ours.step_ms:.2f}x; losses: max relative difference {diff:.2e} over "
           f"{steps} steps ({'match' if ok else 'DIFFER'}, tolerance {rtol:g})")
+    if json_path:
+        record = {"title": title, "device": jax.devices()[0].device_kind, "jax": jax.__version__,
+                  "date": datetime.datetime.now().isoformat(timespec="minutes"), "steps": steps,
+                  "rtol": rtol, "max_loss_rel_diff": diff, "match": bool(ok),
+                  "runs": [dataclasses.asdict(r) for r in runs]}
+        with open(json_path, "w") as f:
+            json.dump(record, f, indent=1)
     return ok
 
 
@@ -94,4 +106,5 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a tiny model (CPU smoke run)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--explain", action="store_true", help="print jaxstitch's plan for the train step")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     return p

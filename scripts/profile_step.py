@@ -2,10 +2,12 @@
 profiler, on the GPU machines only): per compiler, the step's span, the GPU's busy time, and the
 kernels that take the most time, grouped by name.
 
-    python3 scripts/profile_step.py [--dtype bfloat16] [--top 15]
+    python3 scripts/profile_step.py [--model bert|gpt|dien] [--dtype bfloat16] [--top 15]
 """
 import argparse
 import collections
+import dataclasses
+import importlib
 import os
 import sys
 
@@ -16,7 +18,6 @@ from device_time import gpu_events  # noqa: E402  (first: torch's CUDA context i
 import jax  # noqa: E402
 
 import jaxstitch  # noqa: E402
-import bert_train  # noqa: E402
 
 
 def profile(f, graphdef, state, batch):
@@ -30,15 +31,18 @@ def profile(f, graphdef, state, batch):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--model", default="bert", choices=["bert", "gpt", "dien"])
+    p.add_argument("--dtype", default=None, help="bert and gpt: activations' dtype")
     p.add_argument("--top", type=int, default=15)
     args = p.parse_args()
-    import dataclasses
-    c = dataclasses.replace(bert_train.Config(), dtype=args.dtype)
-    init, batch = bert_train.make_init(c, 0), bert_train.make_batches(c, 0)
+    example = importlib.import_module(f"{args.model}_train")
+    c = example.Config()
+    if args.dtype:
+        c = dataclasses.replace(c, dtype=args.dtype)
+    init, batch = example.make_init(c, 0), example.make_batches(c, 0)
     for name, jit in (("jax.jit", jax.jit), ("jaxstitch.jit", jaxstitch.jit)):
         graphdef, state = init()
-        f = jit(bert_train.train_step, static_argnums=(0,), donate_argnums=(1,))
+        f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,))
         events = profile(f, graphdef, state, batch(0))
         start = min(e["ts"] for e in events)
         end = max(e["ts"] + e["dur"] for e in events)

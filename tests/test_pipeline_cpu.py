@@ -783,6 +783,62 @@ def test_pytrees_dict_in_tuple_out():
     assert_trees_close(got, jax.jit(f)(tree))
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _Batch:
+    """A registered class with an array field, a nested one and a static (metadata) field."""
+    x: jax.Array
+    extra: dict
+    eps: float = dataclasses.field(default=1e-5, metadata=dict(static=True))
+
+
+class _Pair:
+    """A class registered by hand (flatten/unflatten), as older libraries do."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+
+jax.tree_util.register_pytree_node(_Pair, lambda p: ((p.a, p.b), None), lambda _, ch: _Pair(*ch))
+
+
+def test_tree_util_registered_classes_in_and_out():
+    def f(batch: _Batch, pair: _Pair):
+        d = batch.x - jnp.mean(batch.x, -1, keepdims=True)
+        y = d * jax.lax.rsqrt(jnp.mean(d * d, -1, keepdims=True) + batch.eps) * batch.extra["w"]
+        return _Pair(y + pair.a, jax.nn.softmax(pair.b, -1)), _Batch(y, {"w": batch.extra["w"] * 2}, batch.eps)
+
+    batch = _Batch(X, {"w": jnp.linspace(0.5, 1.5, 128, dtype=jnp.float32)}, eps=1e-3)
+    pair = _Pair(X * 0.5, X + 1)
+    got = jaxstitch.jit(f, target=TARGET)(batch, pair)
+    want = jax.jit(f)(batch, pair)
+    assert isinstance(got[0], _Pair) and isinstance(got[1], _Batch) and got[1].eps == 1e-3
+    assert_trees_close(got, want)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    # The static field is part of the signature: another eps traces again and changes the result.
+    other = jaxstitch.jit(f, target=TARGET)(_Batch(batch.x, batch.extra, eps=1.0), pair)
+    assert_trees_close(other, jax.jit(f)(_Batch(batch.x, batch.extra, eps=1.0), pair))
+    assert not np.allclose(other[0].a, got[0].a)
+
+
+def test_trace_and_lower_like_jax_jit():
+    """`.trace(...)` gives a traced object whose jaxpr holds the stitched regions; `.lower(...)` of
+    it and of the function compile and run as jax.jit's do."""
+    def f(x, w):
+        d = x - jnp.mean(x, -1, keepdims=True)
+        return d * jax.lax.rsqrt(jnp.mean(d * d, -1, keepdims=True) + 1e-5) * w
+
+    w = jnp.linspace(0.5, 1.5, 128, dtype=jnp.float32)
+    with force_stitching():
+        stitched = jaxstitch.jit(f, target=TARGET)
+        traced = stitched.trace(X, w)
+        assert "jaxstitch_stitch" in {e.primitive.name for e in traced.jaxpr.jaxpr.eqns}
+        assert traced.out_info.shape == (64, 128)
+        compiled = traced.lower().compile()
+        assert_close(compiled(X, w), jax.jit(f)(X, w))
+        assert_close(stitched.lower(jax.ShapeDtypeStruct(X.shape, X.dtype), w).compile()(X, w), f(X, w))
+
+
 def test_donate_argnums_accepted():
     f = jaxstitch.jit(lambda x, y: jnp.tanh(x) + y, donate_argnums=0, target=TARGET)
     want = jnp.tanh(X) + X

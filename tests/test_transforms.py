@@ -337,15 +337,30 @@ def test_nnx_jit_updates_modules_and_optimizer_in_place_like_nnx_jit():
     _check_close(got_params, want_params, 1e-5)
 
 
-def test_bert_example_runs_and_matches_jax_jit():
-    """examples/bert_train.py at its tiny size: both compilers train to the same losses."""
+MIN_EXAMPLE_REGIONS = {"bert_train": 150, "gpt_train": 70, "dien_train": 100}  # 166, 79, 117 now
+
+
+@pytest.mark.parametrize("example", list(MIN_EXAMPLE_REGIONS))
+def test_training_examples_run_and_match_jax_jit(example):
+    """examples/*_train.py at their tiny sizes, planned for an H100 with every region stitched (run
+    here through the regions' XLA fallback): both compilers train to the same losses."""
     pytest.importorskip("optax")
+    import functools
+    import importlib
     import os
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-    import bert_train
+    module = importlib.import_module(example)
     import train_harness
 
-    c = bert_train.QUICK
-    assert train_harness.compare("tiny BERT", bert_train.train_step, bert_train.make_init(c, 0),
-                                 bert_train.make_batches(c, 0), steps=4, rtol=1e-5)
+    c = module.QUICK
+    graphdef, state = module.make_init(c, 0)()
+    with force_stitching():
+        report = jaxstitch.explain(module.train_step, graphdef, state, module.make_batches(c, 0)(0),
+                                   target="h100")
+        assert sum(r.stitched for r in report.regions) >= MIN_EXAMPLE_REGIONS[example]
+        if example == "dien_train":  # the GRU cells inside the scans
+            assert sum(r.stitched for r in report.regions if r.where) >= 4
+        assert train_harness.compare(f"tiny {example}", module.train_step, module.make_init(c, 0),
+                                     module.make_batches(c, 0), steps=4, rtol=1e-5,
+                                     stitch_jit=functools.partial(jaxstitch.jit, target="h100"))
