@@ -25,6 +25,8 @@ class Region:
     # Cut from a neighbour that could not also be planned as one kernel: XLA would fuse across the
     # cut, which a stitched piece prevents (the planner leaves such regions to XLA).
     cut: bool = False
+    # Indices of ops recomputed here that also stay outside for their other consumers (recompute.py).
+    recomputed: frozenset[int] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)

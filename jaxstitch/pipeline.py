@@ -11,6 +11,7 @@ from .kernels import cache, nvrtc
 from .lowering import codegen
 from .ops import COMPUTE_BOUND
 from .plan import KernelPlan, RegionPlan, Unplannable, plan_region
+from .recompute import recompute_cheap_inputs
 from .plan.planner import min_gain
 from .plan import remote, tile, views
 from .plan.layout import place
@@ -177,6 +178,8 @@ def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | N
 def _build(traced: trace_mod.Traced, target: Target, cfg: Config) -> Program:
     cuts = partition_mod.Cuts(at_reduced=not cfg.tuning.stitch, at_grid=not cfg.tuning.grid)
     part = partition_mod.partition(traced.graph, fits=_fits_one_kernel, cuts=cuts)
+    if cfg.tuning.recompute:
+        part = recompute_cheap_inputs(traced.graph, part, _fits_one_kernel)
     regions = tuple(compile_region(r, target, cfg) for r in part.regions)
     if cfg.tuning.remote:
         regions = stitch_remote(traced.graph, regions, target, cfg)

@@ -38,7 +38,8 @@ def _schedule(program: Program):
         if c.stitched:
             r = c.plan.region
             for op in r.ops:
-                node_of[op.index] = ("r", r.id)
+                if op.index not in r.recomputed:  # (those also run outside, for other consumers)
+                    node_of[op.index] = ("r", r.id)
             nodes[("r", r.id)] = c
     for i in range(len(eqns)):
         node_of.setdefault(i, ("e", i))

@@ -43,7 +43,9 @@ class Tuning:
     `fast_exp`: 0 computes exp with expf even in half-precision regions (see planner.fast_exp).
     For ablations: `stitch`: 0 ends regions where XLA ends its kernels (at every use of a reduced
     value; siblings not merged); `grid`: 0 gives column and whole-array reductions kernels of their
-    own (no grid barrier next to row work); `remote`: 0 launches independent regions separately."""
+    own (no grid barrier next to row work); `remote`: 0 launches independent regions separately;
+    `recompute`: 0 reads every input a region's neighbours write, never recomputing cheap producers
+    (recompute.py)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -56,9 +58,10 @@ class Tuning:
     stitch: int = 1
     grid: int = 1
     remote: int = 1
+    recompute: int = 1
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "fast_exp",
-              "stitch", "grid", "remote")
+              "stitch", "grid", "remote", "recompute")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":

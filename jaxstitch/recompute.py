@@ -1,0 +1,91 @@
+"""Recompute cheap producers inside a region instead of reading what they wrote.
+
+A region's input made by a short elementwise chain outside it (a convert to float32, `x - mean`,
+`x * rsqrt(var)`) is something XLA never writes on its own: it fuses the chain into every consumer,
+recomputing it there. Read from memory by our kernel, the chain's result must be written first, so a
+stitched backward pass can cost the forward pass an extra kernel and both of them the bytes of a
+full float32 array. Here each region takes in such chains wherever that reads fewer bytes (the
+chain's leaves instead of its result). The chain's ops stay outside too, for their other consumers;
+XLA drops them where none is left.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from . import ir, ops as opdefs
+from .partition import Partition, Region
+
+MAX_CHAIN_OPS = 8      # ops recomputed for one input
+MAX_BYTES_RATIO = 0.75  # the leaves' new bytes against the input's, at most
+
+
+def recompute_cheap_inputs(graph: ir.Graph, part: Partition, fits: Callable[[Region], bool]) -> Partition:
+    producer = {o.id: op for op in graph.ops for o in op.outputs}
+    hidden = {o for r in part.regions for op in r.ops for o in op.outputs} - \
+        {o for r in part.regions for o in r.outputs}
+    regions = tuple(_adopt_chains(r, producer, hidden, fits) for r in part.regions)
+    return dataclasses.replace(part, regions=_export_leaves(regions))
+
+
+def _export_leaves(regions: tuple[Region, ...]) -> tuple[Region, ...]:
+    """A chain's leaf may be a value another region kept to itself (a row mean): that region now
+    writes it too."""
+    wanted = {v for r in regions for v in r.inputs}
+    out = []
+    for r in regions:
+        extra = [o for op in r.ops if op.index not in r.recomputed for o in op.outputs
+                 if o in wanted and o not in r.outputs and o not in r.inputs]
+        out.append(dataclasses.replace(r, outputs=r.outputs + tuple(extra)) if extra else r)
+    return tuple(out)
+
+
+def _cheap(op: ir.Op) -> bool:
+    return (op.prim in opdefs.ELEMENTWISE or op.prim in opdefs.LAYOUT or op.prim in opdefs.SOURCES) \
+        and opdefs.unsupported_reason(op) is None
+
+
+def _chain(v: ir.Value, producer: dict, own: set[int], read: set[ir.Value]) -> list[ir.Op]:
+    """The cheap ops that make `v` from narrower values: an operand is expanded while it is as large
+    and as wide as `v`, not read by the region already, and the chain has room; the rest are read."""
+    chain: dict[int, ir.Op] = {}
+    stack = [v]
+    while stack:
+        val = stack.pop()
+        op = producer.get(val.id)
+        if op is None or op.index in own or op.index in chain or not _cheap(op):
+            continue
+        if len(chain) == MAX_CHAIN_OPS:
+            break
+        chain[op.index] = op
+        stack += [a for a in op.inputs if isinstance(a, ir.Value) and a not in read
+                  and a.size >= v.size and a.itemsize >= v.itemsize]
+    return sorted(chain.values(), key=lambda op: op.index)
+
+
+def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], fits) -> Region:
+    for v in sorted(r.inputs, key=lambda v: -v.size * v.itemsize):
+        if v.size <= 1 or v not in r.inputs:
+            continue
+        own = {op.index for op in r.ops}
+        chain = _chain(v, producer, own, set(r.inputs) - {v})
+        if not chain:
+            continue
+        candidate = _with_ops(r, chain)
+        # (a leaf no kernel writes yet costs its write too)
+        new_bytes = sum(a.size * a.itemsize * (2 if a in hidden else 1)
+                        for a in candidate.inputs if a not in r.inputs)
+        if v in candidate.inputs or new_bytes > MAX_BYTES_RATIO * v.size * v.itemsize:
+            continue
+        if fits(candidate):
+            r = candidate
+    return r
+
+
+def _with_ops(r: Region, chain: list[ir.Op]) -> Region:
+    ops = tuple(sorted((*r.ops, *chain), key=lambda op: op.index))
+    produced = {o.id for op in ops for o in op.outputs}
+    inputs = tuple(dict.fromkeys(a for op in ops for a in op.inputs
+                                 if isinstance(a, ir.Value) and a.id not in produced))
+    return dataclasses.replace(r, ops=ops, inputs=inputs,
+                               recomputed=r.recomputed | frozenset(op.index for op in chain))
