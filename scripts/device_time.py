@@ -29,9 +29,10 @@ HOST_BOUND = ("adamw_bert",)
 GPU_EVENTS = ("kernel", "gpu_memset", "gpu_memcpy")
 
 
-def gpu_events(run) -> list[dict]:
+def gpu_events(run, cats=GPU_EVENTS) -> list[dict]:
     """The GPU events (kernels, memsets, copies) CUPTI records while `run()` executes, as chrome
-    trace events (`cat`, `name`, `ts` and `dur` in µs)."""
+    trace events (`cat`, `name`, `ts` and `dur` in µs); `cats=None` keeps every category (the host's
+    CUDA API calls too)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         run()
     with tempfile.TemporaryDirectory() as d:
@@ -39,7 +40,7 @@ def gpu_events(run) -> list[dict]:
         prof.export_chrome_trace(path)
         with open(path) as fh:
             events = json.load(fh)["traceEvents"]
-    return [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_EVENTS]
+    return [e for e in events if e.get("ph") == "X" and (cats is None or e.get("cat") in cats)]
 
 
 def one_call(f, args) -> tuple[float, int]:

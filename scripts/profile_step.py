@@ -13,7 +13,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "examples")]
-from device_time import gpu_events  # noqa: E402  (first: torch's CUDA context is the one jax shares)
+from device_time import GPU_EVENTS, gpu_events  # noqa: E402  (first: torch's CUDA context is the one jax shares)
 
 import jax  # noqa: E402
 
@@ -21,12 +21,35 @@ import jaxstitch  # noqa: E402
 
 
 def profile(f, graphdef, state, batch):
-    """The kernel events of one warm step."""
+    """All CUPTI events of one warm step (GPU work and the host's CUDA calls)."""
     for _ in range(3):
         _, state = f(graphdef, state, batch)
     jax.block_until_ready(state)
-    return [e for e in gpu_events(lambda: jax.block_until_ready(f(graphdef, state, batch)))
-            if e.get("cat") == "kernel"]
+    return gpu_events(lambda: jax.block_until_ready(f(graphdef, state, batch)), cats=None)
+
+
+def print_gaps(gpu, host, top):
+    """Where the GPU sits idle inside the step: the largest gaps between consecutive GPU events and
+    the kernels around them, then the host's CUDA calls by name (a loop the host drives shows as a
+    launch or a copy per iteration)."""
+    gpu = sorted(gpu, key=lambda e: e["ts"])
+    gaps = [(b["ts"] - (a["ts"] + a["dur"]), a["name"][:40], b["name"][:40]) for a, b in zip(gpu, gpu[1:])]
+    idle = sum(g for g, _, _ in gaps if g > 0)
+    print(f"  idle between GPU events: {idle:.0f} us in {sum(g > 1 for g, _, _ in gaps)} gaps over 1 us")
+    by_pair = collections.defaultdict(lambda: [0.0, 0])
+    for g, a, b in gaps:
+        if g > 1:
+            by_pair[(a, b)][0] += g
+            by_pair[(a, b)][1] += 1
+    for (a, b), (g, n) in sorted(by_pair.items(), key=lambda kv: -kv[1][0])[:top]:
+        print(f"  {g:9.0f} us {n:5d}x  idle after {a} before {b}")
+    calls = collections.defaultdict(lambda: [0.0, 0])
+    for e in host:
+        calls[e["name"]][0] += e["dur"]
+        calls[e["name"]][1] += 1
+    print("  host CUDA calls:")
+    for name, (dur, n) in sorted(calls.items(), key=lambda kv: -kv[1][1])[:top]:
+        print(f"  {dur:9.0f} us {n:5d}x  {name}")
 
 
 def main():
@@ -34,6 +57,7 @@ def main():
     p.add_argument("--model", default="bert", choices=["bert", "gpt", "dien"])
     p.add_argument("--dtype", default=None, help="bert and gpt: activations' dtype")
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--gaps", action="store_true", help="also where the GPU idles, and the host's CUDA calls")
     args = p.parse_args()
     example = importlib.import_module(f"{args.model}_train")
     c = example.Config()
@@ -43,7 +67,8 @@ def main():
     for name, jit in (("jax.jit", jax.jit), ("jaxstitch.jit", jaxstitch.jit)):
         graphdef, state = init()
         f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,))
-        events = profile(f, graphdef, state, batch(0))
+        every = profile(f, graphdef, state, batch(0))
+        events = [e for e in every if e.get("cat") == "kernel"]
         start = min(e["ts"] for e in events)
         end = max(e["ts"] + e["dur"] for e in events)
         busy = sum(e["dur"] for e in events)
@@ -55,6 +80,9 @@ def main():
         print(f"\n{name}: span {end - start:.0f} us, GPU busy {busy:.0f} us, {len(events)} kernels")
         for key, (dur, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:args.top]:
             print(f"  {dur:9.0f} us {n:5d}x  {key}")
+        if args.gaps:
+            print_gaps([e for e in every if e.get("cat") in GPU_EVENTS],
+                       [e for e in every if e.get("cat") in ("cuda_runtime", "cuda_driver")], args.top)
 
 
 if __name__ == "__main__":
