@@ -97,33 +97,18 @@ def make_batches(c: Config, seed: int):
     return batch
 
 
-def train_step(graphdef, state, batch):
-    model, optimizer = nnx.merge(graphdef, state)
+def loss(model, batch):
+    logits = model(batch["tokens"], batch["masked_at"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
 
-    def loss_fn(model):
-        logits = model(batch["tokens"], batch["masked_at"])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
 
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.update(model, grads)
-    return loss, nnx.state((model, optimizer))
+train_step = train_harness.nnx_train_step(loss)
 
 
 def main():
-    p = train_harness.parser(__doc__.splitlines()[0])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="activations (parameters and optimizer state stay float32)")
-    args = p.parse_args()
+    args = train_harness.parser(__doc__.splitlines()[0], dtype=True).parse_args()
     c = dataclasses.replace(QUICK if args.quick else Config(), dtype=args.dtype)
-    init, batch = make_init(c, args.seed), make_batches(c, args.seed)
-    if args.explain:
-        import jaxstitch
-        graphdef, state = init()
-        print(jaxstitch.explain(train_step, graphdef, state, batch(0), target="h100"))
-    rtol = 2e-3 if c.dtype == "float32" else 2e-2
-    ok = train_harness.compare(f"BERT masked-LM train step {c}", train_step, init, batch, args.steps, rtol=rtol,
-                                json_path=args.json)
-    sys.exit(0 if ok else 1)
+    train_harness.main("BERT masked-LM train step", sys.modules[__name__], args, c)
 
 
 if __name__ == "__main__":

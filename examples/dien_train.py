@@ -153,16 +153,12 @@ def make_batches(c: Config, seed: int):
     return batch
 
 
-def train_step(graphdef, state, batch):
-    model, optimizer = nnx.merge(graphdef, state)
+def loss(model, batch):
+    logits, aux = model(batch)
+    return optax.sigmoid_binary_cross_entropy(logits, batch["clicked"]).mean() + aux
 
-    def loss_fn(model):
-        logits, aux = model(batch)
-        return optax.sigmoid_binary_cross_entropy(logits, batch["clicked"]).mean() + aux
 
-    loss, grads = nnx.value_and_grad(loss_fn)(model)
-    optimizer.update(model, grads)
-    return loss, nnx.state((model, optimizer))
+train_step = train_harness.nnx_train_step(loss)
 
 
 def main():
@@ -172,14 +168,7 @@ def main():
     c = QUICK if args.quick else Config()
     if args.batch:
         c = dataclasses.replace(c, batch=args.batch)
-    init, batch = make_init(c, args.seed), make_batches(c, args.seed)
-    if args.explain:
-        import jaxstitch
-        graphdef, state = init()
-        print(jaxstitch.explain(train_step, graphdef, state, batch(0), target="h100"))
-    ok = train_harness.compare(f"DIEN train step {c}", train_step, init, batch, args.steps, rtol=2e-3,
-                               json_path=args.json)
-    sys.exit(0 if ok else 1)
+    train_harness.main("DIEN train step", sys.modules[__name__], args, c)
 
 
 if __name__ == "__main__":

@@ -13,16 +13,29 @@ import datetime
 import functools
 import json
 import re
+import sys
 import time
 from typing import Callable
 
 import jax
 import numpy as np
+from flax import nnx
 
 import jaxstitch
 from jaxstitch.bench import count_kernels
 
 GEMM = re.compile(r"__cublas|__cudnn|kind=kCustom|triton_gemm|cublas")
+
+
+def nnx_train_step(loss: Callable) -> Callable:
+    """The train step `step(graphdef, state, batch) -> (loss, new_state)` of an NNX (model,
+    optimizer) pair that minimises `loss(model, batch)`."""
+    def step(graphdef, state, batch):
+        model, optimizer = nnx.merge(graphdef, state)
+        value, grads = nnx.value_and_grad(loss)(model, batch)
+        optimizer.update(model, grads)
+        return value, nnx.state((model, optimizer))
+    return step
 
 
 def kernel_counts(hlo: str) -> tuple[int, int]:
@@ -100,8 +113,26 @@ def compare(title: str, step, init: Callable, batch: Callable, steps: int, rtol:
     return ok
 
 
-def parser(description: str) -> argparse.ArgumentParser:
+def main(title: str, example, args: argparse.Namespace, config) -> None:
+    """An example's command line after parsing: `--explain` prints the plan of `example.train_step`
+    for `config`, then both compilers train and the exit status says whether the losses matched
+    (tolerance by the activations' dtype)."""
+    init, batch = example.make_init(config, args.seed), example.make_batches(config, args.seed)
+    if args.explain:
+        graphdef, state = init()
+        print(jaxstitch.explain(example.train_step, graphdef, state, batch(0), target="h100"))
+    rtol = 2e-3 if getattr(config, "dtype", "float32") == "float32" else 2e-2
+    ok = compare(f"{title} {config}", example.train_step, init, batch, args.steps, rtol=rtol,
+                 json_path=args.json)
+    sys.exit(0 if ok else 1)
+
+
+def parser(description: str, dtype: bool = False) -> argparse.ArgumentParser:
+    """The examples' shared options; `dtype` adds --dtype for the activations."""
     p = argparse.ArgumentParser(description=description)
+    if dtype:
+        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                       help="activations (parameters and optimizer state stay float32)")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--quick", action="store_true", help="a tiny model (CPU smoke run)")
     p.add_argument("--seed", type=int, default=0)
