@@ -46,11 +46,15 @@ SCAN_XLA_PASSES = 4
 # concatenate or pad of its result: those run as a second kernel that reads the row inputs again.
 # Measured on an H100 (session 9): an RMS norm followed by a rotary embedding's slices and
 # concatenate, [16384, 2048] float32: 2 XLA kernels, 188 us at 49% of the roofline.
-# A kernel that reads full-size values through gathers (index arithmetic per vector, several shifted
-# views of one input) takes about its float32 time whatever the dtype, so half-precision bytes
-# count as 4-byte ones for our side: the RMS norm + rotary embedding on an H100, forward 134 / 115 us
-# and forward+backward 366 / 363 us for float32 / bfloat16 (sessions 9 and 11).
-GATHER_KERNEL_ITEMSIZE = 4
+# A kernel that reads full-size values through gathers (several shifted views of one input, each
+# with its own index arithmetic) is bound by the instructions its SMs issue, not by HBM: it takes
+# about its float32 time whatever the dtype, and about the same time on an H100 and an H200. Measured
+# (RMS norm + rotary embedding, [16384, 2048], per op of the region that computes, times elements, per
+# us): forward 7.4e6 (float32) and 8.7e6 (bfloat16), forward+backward 5.9e6 (both), on an H100's 132
+# SMs; the forward+backward in float32 took 367.6 us on an H100 and 341.9 us on an H200, where the
+# byte count alone predicted 209 and 158 us (and 0.89x on the H200, session 13). Calibrated on the
+# float32 forward, the fastest of them, so the estimate stays on our side.
+GATHER_OPS_PER_SM_US = 7.4e6 / 132
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +79,7 @@ def _nbytes(p, layout: Layout, min_itemsize: int = 1) -> int:
 def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
              target: Target, rereads: bool = False, busy_sms: int | None = None,
              split_rounds: int = 0, gathered_bytes: int = 0, n_scans: int = 0,
-             views_after_reduction: bool = False, widened_gathered_bytes: int | None = None) -> Estimate:
+             views_after_reduction: bool = False, gather_compute_ops: int = 0) -> Estimate:
     """`rereads`: phases after the first read their row inputs again from global memory (L2);
     `busy_sms`: the SMs our grid occupies (fewer than the target has when there are few rows);
     `split_rounds`: rounds of (row, slice) tasks when rows are split over blocks, each crossing a
@@ -83,16 +87,13 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     `inputs` (plan/views.py); `n_scans`: scans along rows (XLA's extra kernels, SCAN_XLA_*);
     `views_after_reduction`: a data-moving op reads a row reduction's result (XLA: a second kernel
     re-reading the row inputs, see above);
-    `widened_gathered_bytes`: set when the kernel reads full-size values through gathers, what
-    they read counted at GATHER_KERNEL_ITEMSIZE bytes an element."""
+    `gather_compute_ops`: set when the kernel reads full-size values through gathers, the region's
+    ops that compute (per element of the row space; see GATHER_OPS_PER_SM_US)."""
     bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
     io = [layout.of(v) for v in inputs] + [layout.of(v) for v in outputs]
     must_move = sum(_nbytes(p, layout) for p in io) + gathered_bytes
     efficiency = SPLIT_EFFICIENCY if split_rounds else OUR_EFFICIENCY
-    ours_moved = must_move
-    if widened_gathered_bytes is not None:
-        ours_moved = sum(_nbytes(p, layout, GATHER_KERNEL_ITEMSIZE) for p in io) + widened_gathered_bytes
-    ours = (ours_moved + 2 * workspace_bytes) / (bw * efficiency)
+    ours = (must_move + 2 * workspace_bytes) / (bw * efficiency)
     full_in = sum(_nbytes(layout.of(v), layout) for v in inputs if layout.of(v).declared == FULL)
     row_levels = max((p.level for p in layout.values if p.level != EPILOGUE), default=0)
     if rereads:
@@ -101,6 +102,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
         ours /= min(1.0, SM_OVERDRIVE * busy_sms / target.sm_count)
     if layout.n_cols <= NARROW_COLS:
         ours /= NARROW_EFFICIENCY
+    issue = gather_compute_ops * layout.n_rows * layout.n_cols / (GATHER_OPS_PER_SM_US * target.sm_count)
+    ours = max(ours, issue)
     grid_syncs = (1 if n_grid_reductions else 0) + row_levels * split_rounds
     ours += target.launch_us + grid_syncs * target.grid_sync_us
     n_full_out = sum(1 for v in outputs if layout.of(v).declared == FULL)

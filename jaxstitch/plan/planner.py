@@ -94,17 +94,25 @@ def _live_arrays(region: Region, layout: Layout) -> int:
     return count
 
 
-def _gathered_bytes(region: Region, layout: Layout, min_itemsize: int = 1) -> int:
+def _gathered_bytes(region: Region, layout: Layout) -> int:
     """Bytes the kernel's gathers read from inputs it does not also read directly: each such input's
-    gathered elements, at most its size (gathers of the same rows meet in L1 and L2); elements
-    counted at `min_itemsize` bytes at least."""
+    gathered elements, at most its size (gathers of the same rows meet in L1 and L2)."""
     per_input: dict = {}
     for op in region.ops:
         if op.prim == GATHER and layout.of(op.inputs[0]).storage == MEMORY:
             src = op.inputs[0]
-            width = max(src.itemsize, min_itemsize)
-            per_input[src] = min(src.size * width, per_input.get(src, 0) + op.outputs[0].size * width)
+            per_input[src] = min(src.size * src.itemsize, per_input.get(src, 0) + op.outputs[0].size * src.itemsize)
     return sum(per_input.values())
+
+
+# Ops that issue no instructions of their own: casts fold into loads and stores, layout ops into
+# index arithmetic (which the gathers' count carries).
+_FREE_OPS = opdefs.LAYOUT | {"convert_element_type", "copy"}
+
+
+def _computing_ops(region: Region) -> int:
+    """The region's ops that compute, for a gather kernel's issue-bound time (cost.GATHER_OPS_PER_SM_US)."""
+    return sum(1 for op in region.ops if op.prim not in _FREE_OPS)
 
 
 HALF_TYPES = ("bfloat16", "float16")
@@ -186,8 +194,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                         len(grid_ops), ws, target, gathered_bytes=_gathered_bytes(region, layout),
                         rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms, split_rounds=split_rounds,
                         n_scans=len(scans), views_after_reduction=_views_after_reduction(original),
-                        widened_gathered_bytes=_gathered_bytes(region, layout, cost.GATHER_KERNEL_ITEMSIZE)
-                        if full_gathers else None)
+                        gather_compute_ops=_computing_ops(region) if full_gathers else 0)
     gain = min_gain(tuning)
     idle = None
     if est.speedup < gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:
