@@ -5,7 +5,7 @@
 // block's task is one SLICE of a row, ROW_C0 its first column, ROW_COLS its length.
 ${common}
 
-#define N_ROWS ${n_rows}LL
+#define N_ROWS js_n_rows  // a kernel parameter: one cubin serves every row count
 #define N_COLS ${n_cols}
 #define V ${vec}
 #define TPR ${tpr}

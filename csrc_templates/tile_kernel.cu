@@ -4,7 +4,7 @@
 // at block barriers; values along one tile axis live in shared arrays.
 ${common}
 
-#define N_ROWS ${n_rows}LL
+#define N_ROWS js_n_rows  // a kernel parameter: one cubin serves every tile count
 #define TA ${ta}
 #define TB ${tb}
 #define TILE (TA * TB)

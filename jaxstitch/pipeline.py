@@ -32,6 +32,9 @@ class Compiled:
     spilled: bool = False
     registers: int | None = None   # per thread, as NVRTC compiled it
     tried: tuple[str, ...] = ()    # mappings compiled before this one, and why each lost
+    # A shape family's member (families.py): (buffer, elements per row) to read the row count off
+    # at run time; None: the sizes are the planned ones.
+    rows_source: tuple[int, int] | None = None
 
     @property
     def stitched(self) -> bool:

@@ -25,8 +25,13 @@ class Context:
 
 def _launch(c: Compiled, poison: bool) -> Launch:
     m = c.plan.kernel.mapping
-    return Launch(c.key, c.cubin, KERNEL_NAME, m.grid, m.block, m.smem_bytes, m.cooperative,
-                  c.plan.kernel.workspace_bytes, poison)
+    launch = Launch(c.key, c.cubin, KERNEL_NAME, m.grid, m.block, m.smem_bytes, m.cooperative,
+                    c.plan.kernel.workspace_bytes, poison, rows=getattr(m, "n_rows", None) or 0)
+    if c.rows_source is None:
+        return launch
+    buffer, row_elems = c.rows_source  # (a family's member: rows and grid follow the buffers)
+    return dataclasses.replace(launch, grid=m.grid_cap, rows_buffer=buffer, row_elems=row_elems,
+                               rows_per_block=m.rows_per_block)
 
 
 def _schedule(program: Program):

@@ -181,15 +181,7 @@ def main():
                      kernel=kernel, grid=math.ceil(n / BLOCK), block=BLOCK,
                      smem=0, cooperative=False)
         spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
-        if target == ffi.TARGET:
-            return ffi.launch([x], out_types=[spec], **attrs)[0]
-        # Every attribute the handler binds, poison too: XLA's FFI reports a missing one from
-        # inside the handler, and that report crashed the process (segfault) on the GPU machine.
-        attrs.update(cubin=np.frombuffer(cubin, np.uint8),
-                     **{k: np.int64(attrs[k]) for k in
-                        ("grid", "block", "smem", "cooperative")})
-        attrs["poison"] = np.int64(0)
-        return jax.ffi.ffi_call(target, [spec])(x, **attrs)[0]
+        return ffi.launch([x], out_types=[spec], target=target, **attrs)[0]
 
     def chain_of(fn):
         def chain(x):

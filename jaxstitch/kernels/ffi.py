@@ -88,6 +88,11 @@ def launch(
     smem: int,
     cooperative: bool,
     poison: bool = False,
+    rows: int = 0,
+    rows_buffer: int = -1,
+    row_elems: int = 1,
+    rows_per_block: int = 0,
+    target: str = TARGET,
 ):
     """Calls ``kernel`` from ``cubin`` on ``args``; returns the list of results.
 
@@ -97,8 +102,19 @@ def launch(
     wave), so such kernels must loop over their work, and the last result is
     their workspace, whose first 16 bytes the launcher zeroes for the grid
     barrier. ``poison`` fills the results with 0xFF bytes first (tests).
+
+    After the buffers the kernel gets the row count (a ``long long``):
+    ``rows``, or with ``rows_buffer`` >= 0 the element count of that buffer
+    (arguments first, then results) over ``row_elems``, so that a shape family's
+    kernel lowered with symbolic dimensions sizes itself at run time. With
+    ``rows_per_block`` the grid is at most ``grid`` and at most one block per
+    ``rows_per_block`` rows.
+
+    ``target``: another registration of the same handler (tests). Every attribute
+    is always passed: XLA's FFI reports a missing one from inside the handler,
+    which once crashed the process.
     """
-    return jax.ffi.ffi_call(TARGET, list(out_types))(
+    return jax.ffi.ffi_call(target, list(out_types))(
         *args,
         cubin=np.frombuffer(cubin, np.uint8),
         key=key,
@@ -108,4 +124,8 @@ def launch(
         smem=np.int64(smem),
         cooperative=np.int64(int(cooperative)),
         poison=np.int64(int(poison)),
+        rows=np.int64(rows),
+        rows_buffer=np.int64(rows_buffer),
+        row_elems=np.int64(row_elems),
+        rows_per_block=np.int64(rows_per_block),
     )

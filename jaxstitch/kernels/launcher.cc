@@ -268,7 +268,9 @@ ffi::Error Prepare(CUstream stream, ffi::Span<const uint8_t> cubin,
 ffi::Error Initialize(CUstream stream, ffi::Span<const uint8_t> cubin,
                       std::string_view key, std::string_view kernel,
                       int64_t grid, int64_t block, int64_t smem,
-                      int64_t cooperative, int64_t /*poison*/) {
+                      int64_t cooperative, int64_t /*poison*/, int64_t /*rows*/,
+                      int64_t /*rows_buffer*/, int64_t /*row_elems*/,
+                      int64_t /*rows_per_block*/) {
   const Driver* d;
   Entry entry;
   return Prepare(stream, cubin, key, kernel, grid, block, smem, cooperative, &d,
@@ -279,24 +281,52 @@ ffi::Error Execute(CUstream stream, ffi::RemainingArgs args,
                    ffi::RemainingRets rets, ffi::Span<const uint8_t> cubin,
                    std::string_view key, std::string_view kernel, int64_t grid,
                    int64_t block, int64_t smem, int64_t cooperative,
-                   int64_t poison) {
+                   int64_t poison, int64_t rows, int64_t rows_buffer,
+                   int64_t row_elems, int64_t rows_per_block) {
   const Driver* d;
   Entry entry;  // loaded lazily here if initialize did not run
   if (ffi::Error e = Prepare(stream, cubin, key, kernel, grid, block, smem,
                              cooperative, &d, &entry);
       e.failure())
     return e;
-  if (grid == 0) return ffi::Error::Success();  // empty region: nothing to do
+  // The row count: given, or read off a buffer's size (a kernel of a shape
+  // family, lowered with symbolic dimensions). With rows_per_block the grid
+  // is the given one at most and one block per row group at least.
+  int64_t n_rows = rows;
+  if (rows_buffer >= 0) {
+    const size_t i = static_cast<size_t>(rows_buffer);
+    if (i >= args.size() + rets.size() || row_elems < 1)
+      return ffi::Error::InvalidArgument(
+          Describe(kernel) + "bad row source buffer=" +
+          std::to_string(rows_buffer) + " row_elems=" + std::to_string(row_elems));
+    int64_t count = 1;
+    if (i < args.size()) {
+      auto buf = args.get<ffi::AnyBuffer>(i);
+      if (buf.has_error()) return buf.error();
+      for (int64_t dim : buf.value().dimensions()) count *= dim;
+    } else {
+      auto buf = rets.get<ffi::AnyBuffer>(i - args.size());
+      if (buf.has_error()) return buf.error();
+      for (int64_t dim : buf.value()->dimensions()) count *= dim;
+    }
+    n_rows = count / row_elems;
+  }
+  if (rows_per_block > 0)
+    grid = std::min(grid, (n_rows + rows_per_block - 1) / rows_per_block);
+  if (grid <= 0) return ffi::Error::Success();  // empty region: nothing to do
 
   // params[i] points at the i-th device pointer. Inline storage for the usual
   // case; the heap only for unusually many buffers.
+  // The last parameter is the row count (a remote kernel, whose one
+  // parameter is the table of pointers, takes no more: the driver reads only
+  // the parameters the kernel declares).
   constexpr size_t kInline = 32;
   const size_t n = args.size() + rets.size();
-  void* inline_storage[2 * kInline];
+  void* inline_storage[2 * kInline + 1];
   std::vector<void*> heap;
   void** ptrs = inline_storage;
   if (n > kInline) {
-    heap.resize(2 * n);
+    heap.resize(2 * n + 1);
     ptrs = heap.data();
   }
   void** params = ptrs + n;
@@ -311,6 +341,7 @@ ffi::Error Execute(CUstream stream, ffi::RemainingArgs args,
     ptrs[args.size() + i] = buf.value()->untyped_data();
   }
   for (size_t i = 0; i < n; ++i) params[i] = &ptrs[i];
+  params[n] = &n_rows;
 
   // Testing aid: fill every result with 0xFF bytes (NaN for floats) so that an
   // element the kernel forgets to write cannot pass for a right answer.
@@ -358,7 +389,11 @@ auto BindAttrs(B&& binding) {
       .template Attr<int64_t>("block")
       .template Attr<int64_t>("smem")
       .template Attr<int64_t>("cooperative")
-      .template Attr<int64_t>("poison");
+      .template Attr<int64_t>("poison")
+      .template Attr<int64_t>("rows")
+      .template Attr<int64_t>("rows_buffer")
+      .template Attr<int64_t>("row_elems")
+      .template Attr<int64_t>("rows_per_block");
 }
 
 }  // namespace

@@ -17,7 +17,7 @@ from ..plan.tile import TilePlan
 from . import reductions, remote_codegen, tile_codegen
 from .cuda_ops import CTYPE, REDUCE, STYPE
 from .epilogue import render_epilogue
-from .kernel import KERNEL_NAME, Kernel, Writer, template, vec_col  # noqa: F401 - KERNEL_NAME: the stitcher's
+from .kernel import KERNEL_NAME, ROWS_PARAM, Kernel, Writer, template, vec_col  # noqa: F401 - KERNEL_NAME: the stitcher's
 from .staging import first_row_group, load_chunk, next_row_group, stage_rows
 
 
@@ -143,6 +143,7 @@ def render(plan: KernelPlan | TilePlan | RemotePlan) -> Source:
     params += [f"{STYPE[v.dtype]}* __restrict__ out{j}" for j, v in enumerate(region.outputs)]
     if m.cooperative:
         params.append("void* __restrict__ ws")
+    params.append(ROWS_PARAM)
 
     pro, body, epi = Writer(1), Writer(2), Writer(1)
     # Prologue: scalars and column values, the same for every row this thread visits.
@@ -276,9 +277,9 @@ def render(plan: KernelPlan | TilePlan | RemotePlan) -> Source:
             "  for (long long base = (long long)blockIdx.x * RPB; base < N_ROWS; base += (long long)gridDim.x * RPB) {",
             "    const long long row = base + row_in_block;",
             "    const bool row_ok = row < N_ROWS;"])
-    summary = f"{len(region.ops)} ops, {m.n_rows}x{m.n_cols}, {plan.description}, scheme {plan.scheme}"
+    summary = f"{len(region.ops)} ops, rows of {m.n_cols}, {plan.description}, scheme {plan.scheme}"
     code = string.Template(template("stitch_kernel.cu")).substitute(
-        summary=summary, common=template("stitch_common.cuh"), n_rows=m.n_rows, n_cols=m.n_cols,
+        summary=summary, common=template("stitch_common.cuh"), n_cols=m.n_cols,
         vec=m.vec, tpr=m.tpr, vpt=m.vpt, chunks=m.chunks, stash_chunks=m.stashed_chunks, rows_per_block=m.rows_per_block, block=m.block,
         min_blocks=m.min_blocks, splits=m.splits, slice=m.slice_cols,
         row_c0="js_c0" if k.split else "0", row_cols="js_ncols" if k.split else "N_COLS", loop_head=loop_head,

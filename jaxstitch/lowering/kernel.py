@@ -18,6 +18,9 @@ from ..plan.layout import COL, EPILOGUE, FULL, GATHER, ROW, SCALAR, row_axes
 from .cuda_ops import CTYPE, SCAN, STYPE, bool_factor, expression, literal, select_product
 
 KERNEL_NAME = "jaxstitch_kernel"
+# The row (or tile) count: the launcher passes it after the buffers (kernels/ffi.py), so the source
+# and its cubin do not depend on it.
+ROWS_PARAM = "const long long js_n_rows"
 
 
 @functools.lru_cache(maxsize=None)

@@ -32,6 +32,10 @@ class Launch:
     cooperative: bool
     workspace_bytes: int
     poison: bool = False
+    rows: int = 0               # the kernel's row count (or tile count) ...
+    rows_buffer: int = -1       # ... or read off this buffer at run time (kernels/ffi.py)
+    row_elems: int = 1
+    rows_per_block: int = 0     # > 0: the grid follows the row count at run time
 
 
 stitch_p = jcore.Primitive("jaxstitch_stitch")
@@ -59,7 +63,9 @@ def _launch(*args, jaxpr, launch, context):
     extra = [jax.ShapeDtypeStruct((launch.workspace_bytes,), np.uint8)] if launch.workspace_bytes else []
     results = ffi.launch(list(args), out_types=outs + extra, cubin=launch.cubin, key=launch.key,
                          kernel=launch.kernel, grid=launch.grid, block=launch.block, smem=launch.smem,
-                         cooperative=launch.cooperative, poison=launch.poison)
+                         cooperative=launch.cooperative, poison=launch.poison, rows=launch.rows,
+                         rows_buffer=launch.rows_buffer, row_elems=launch.row_elems,
+                         rows_per_block=launch.rows_per_block)
     return list(results)[:len(outs)]
 
 

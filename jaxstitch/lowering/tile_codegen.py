@@ -13,7 +13,7 @@ from .. import ir, ops as opdefs
 from ..plan import tile as T
 from ..plan.layout import Unplannable
 from .cuda_ops import CTYPE, REDUCE, STYPE, bool_factor, expression, literal, select_product
-from .kernel import KERNEL_NAME, Writer, template
+from .kernel import KERNEL_NAME, ROWS_PARAM, Writer, template
 
 _SIZE = {T.N: "N_ROWS", T.A: "TA", T.B: "TB"}
 _INDEX = {T.N: "row", T.A: "a", T.B: "b"}
@@ -268,6 +268,7 @@ def render(plan: T.TilePlan):
     region, m = plan.region, plan.mapping
     params = [f"const {STYPE[v.dtype]}* __restrict__ in{i}" for i, v in enumerate(region.inputs)]
     params += [f"{STYPE[v.dtype]}* __restrict__ out{j}" for j, v in enumerate(region.outputs)]
+    params.append(ROWS_PARAM)
     arrays = Writer(1)
     for t in plan.values:
         if t.home == T.ARRAY:
@@ -299,9 +300,9 @@ def render(plan: T.TilePlan):
             body("}")
         if epoch < last:
             body("__syncthreads();")
-    summary = f"{len(region.ops)} ops, {m.n_rows} tiles of {m.tile_a}x{m.tile_b}, {plan.description}"
+    summary = f"{len(region.ops)} ops, tiles of {m.tile_a}x{m.tile_b}, {plan.description}"
     code = string.Template(template("tile_kernel.cu")).substitute(
-        summary=summary, common=template("stitch_common.cuh"), n_rows=m.n_rows, ta=m.tile_a, tb=m.tile_b,
+        summary=summary, common=template("stitch_common.cuh"), ta=m.tile_a, tb=m.tile_b,
         block=m.block, group=m.group, slices=T.slices(m.block, m.tile_b), stage=m.stage_bytes, min_blocks=m.min_blocks, name=KERNEL_NAME,
         params=", ".join(params), arrays=arrays.text(), prologue=pro.text(), loop_top=top.text(),
         body=body.text(), loop_end=end.text())

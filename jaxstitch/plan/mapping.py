@@ -104,6 +104,13 @@ class Mapping:
     slice_cols: int = 0   # columns of each slice (the row length when splits == 1)
     stash_chunks: int = 0  # chunks a shared stash holds, the first ones; the rest are read from
     #                        global memory in every pass (0: all of them)
+    max_grid: int = 0     # the grid for any number of rows (one wave); `grid` is this row count's
+
+    @property
+    def grid_cap(self) -> int:
+        """Blocks a launch may have whatever the row count: what per-block workspace is sized for,
+        so that the kernel's source does not depend on the row count."""
+        return max(self.max_grid, self.grid)
 
     @property
     def stashed_chunks(self) -> int:
@@ -295,4 +302,5 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     # waits at a barrier; never more blocks than shared memory holds.
     min_blocks = min(per_sm, 2 if block >= 512 else max(1, tuning.min_threads // block))
     return Mapping(n, c, vec, tpr, vpt, rows_per_block, block, grid, grid_reduced or splits > 1, chunks,
-                   stash, smem, stages, min_blocks, splits, slice_cols, stash_chunks)
+                   stash, smem, stages, min_blocks, splits, slice_cols, stash_chunks,
+                   max_grid=target.sm_count * per_sm)

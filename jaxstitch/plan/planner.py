@@ -176,7 +176,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         for op in grid_ops:
             size = layout.n_cols if layout.of(op.outputs[0]).declared == COL else 1
             reductions.append(GridReduction(op.outputs[0].id, offset, size))
-            offset += mp.grid * size
+            offset += mp.grid_cap * size
         splits = []
         if mp.splits > 1:
             for op in row_reductions:
