@@ -1,14 +1,15 @@
 """`jaxstitch.jit` and `jaxstitch.explain`: the two things users call."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import Any, Callable
 
 import jax
 
-from . import config, pipeline, report as report_mod, targets
-from .kernels import ffi
+from . import config, families, pipeline, report as report_mod, targets
+from .kernels import cache, ffi
 from .stitcher import Context, make_runner
 
 log = logging.getLogger("jaxstitch")
@@ -75,7 +76,7 @@ def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=Non
     @functools.wraps(fun)
     def stitched(*args, **kwargs):
         dyn, static, tree = _split_dynamic(args, kwargs)
-        program = pipeline.build(fun, dyn, tree, tgt, cfg, static)
+        program = _build(fun, dyn, tree, tgt, cfg, static)
         outs = make_runner(program, Context(tgt, cfg))(*dyn)
         return jax.tree_util.tree_unflatten(program.traced.out_tree, outs)
 
@@ -93,5 +94,14 @@ def explain(fun: Callable, *args: Any, target=None, **kwargs: Any) -> report_mod
     if tgt is None:
         raise ValueError("jaxstitch.explain: no CUDA GPU here; pass argument `target` (e.g. target='h100')")
     dyn, static, tree = _split_dynamic(args, kwargs)
-    program = pipeline.build(fun, dyn, tree, tgt, config.load(), static)
-    return report_mod.make_report(program)
+    before = cache.stats()
+    program = _build(fun, dyn, tree, tgt, config.load(), static)
+    after = cache.stats()
+    used = cache.Stats(*(a - b for a, b in zip(dataclasses.astuple(after), dataclasses.astuple(before))))
+    return report_mod.make_report(program, used, families.is_symbolic(dyn))
+
+
+def _build(fun, dyn, tree, tgt, cfg, static):
+    """The program for these arguments; with symbolic dimensions (jax.export), its shape families."""
+    build = families.build if families.is_symbolic(dyn) else pipeline.build
+    return build(fun, dyn, tree, tgt, cfg, static)

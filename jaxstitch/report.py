@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .kernels.cache import Stats
 from .pipeline import Program
 
 
@@ -39,6 +40,10 @@ class Report:
     target: str
     regions: tuple[RegionReport, ...]
     xla_ops: tuple[tuple[str, str], ...]   # (primitive, why it stays with XLA), one per distinct pair
+    # Where this plan's cubins came from: NVRTC runs, the disk cache, this process's memory (a warm
+    # start shows nvrtc_compiles == 0; a new row count of a known family, memory or disk hits only).
+    cache: Stats | None = None
+    symbolic: bool = False                 # planned for symbolic dimensions (rows x cols: the first sample)
 
     @property
     def stitched_kernels(self) -> int:
@@ -47,6 +52,11 @@ class Report:
     def __str__(self) -> str:
         head = (f"jaxstitch plan for {self.target}: {len(self.regions)} regions, "
                 f"{sum(r.stitched for r in self.regions)} stitched into {self.stitched_kernels} kernels")
+        if self.symbolic:
+            head += " (symbolic dimensions: shape families; rows x cols at the first sample size)"
+        if self.cache is not None:
+            head += (f"; cubins: {self.cache.nvrtc_compiles} compiled by NVRTC, {self.cache.disk_hits} from "
+                     f"the disk cache, {self.cache.memory_hits} from memory")
         cols = ("#", "ops", "stitched", "kernels", "scheme", "mapping", "rows x cols", "est us", "xla us", "reason")
         rows = []
         for r in self.regions:
@@ -71,7 +81,7 @@ class Report:
         p.text(str(self))
 
 
-def make_report(program: Program) -> Report:
+def make_report(program: Program, cache: Stats | None = None, symbolic: bool = False) -> Report:
     regions = []
     for where, c in program.all_regions():
         plan, k, est = c.plan, c.plan.kernel, c.plan.estimate
@@ -93,7 +103,7 @@ def make_report(program: Program) -> Report:
             pair = (ops[idx].prim, why)
             if pair not in seen:
                 seen.append(pair)
-    return Report(program.target.name, tuple(regions), tuple(seen))
+    return Report(program.target.name, tuple(regions), tuple(seen), cache, symbolic)
 
 
 def _programs(program: Program):

@@ -47,6 +47,11 @@ def _dtype_name(dtype) -> str:
         return str(dtype)
 
 
+def _dim(d):
+    """A dimension as an int, or as it is when symbolic (jax.export; families.py plans at sizes)."""
+    return int(d) if isinstance(d, (int, np.integer)) else d
+
+
 def _hashable_params(params: dict) -> tuple[tuple[str, Any], ...]:
     """The params planning may read, in a hashable canonical form; jaxprs and callables are dropped."""
     out = []
@@ -85,7 +90,7 @@ class _Flattener:
         self.consts: dict[int, Any] = {}
 
     def new_value(self, aval) -> ir.Value:
-        return ir.Value(next(self.ids), tuple(int(d) for d in aval.shape), _dtype_name(aval.dtype))
+        return ir.Value(next(self.ids), tuple(_dim(d) for d in aval.shape), _dtype_name(aval.dtype))
 
     def atom(self, env, x) -> ir.Atom:
         if isinstance(x, jcore.Literal):

@@ -32,6 +32,11 @@ rc=$?
 [ "$rc" -eq 0 ] || tail -n 30 "$LOGS/install.log"
 record install "$rc"
 
+# jax.export serialization needs flatbuffers; a machine without network gets it from .whl/ (carried).
+if ! "$PY" -c "import flatbuffers" 2>/dev/null && ls .whl/flatbuffers-*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps .whl/flatbuffers-*.whl >>"$LOGS/install.log" 2>&1
+fi
+
 echo "== smoke launcher"
 if [ -f scripts/smoke_launcher.py ]; then
   "$PY" scripts/smoke_launcher.py 2>&1 | tee "$LOGS/smoke.log"
@@ -52,6 +57,13 @@ else
   if [ "$rc" -eq 5 ]; then rc="none"; fi
   record gpu_tests "$rc"
 fi
+
+echo "== export: a program exported with symbolic batch and sequence, run in a fresh process"
+if [ ! -f out/block.jax ]; then  # (exported on a CPU-only machine and carried, else here)
+  mkdir -p out && "$PY" scripts/export_check.py export out/block.jax 2>&1 | tail -n 1
+fi
+"$PY" scripts/export_check.py run out/block.jax 2>&1 | tee "$LOGS/export.log"
+record export $?
 
 echo "== device time of host-bound workloads (log: $LOGS/device_time.log)"
 if "$PY" -c "import torch" 2>/dev/null; then

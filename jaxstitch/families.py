@@ -1,0 +1,121 @@
+"""Shape families: one kernel for every size of the dimensions that vary (`jax.export` with symbolic
+dimensions, inference serving).
+
+A kernel's source does not name its row count (the launcher passes it, kernels/ffi.py), so where a
+region's kernel comes out the same for two different sizes of the varying dimensions, that one cubin
+serves them all. Planning needs sizes: the program is planned at two sample sizes of the symbolic
+dimensions, and the symbolic program stitches the regions whose kernels both plans agree on, with
+the row count read off one of the region's buffers at run time. Regions whose kernel depends on the
+sizes (a row length that varies, a view's offsets, few long rows split over blocks) stay with XLA,
+and say so.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+
+import jax
+import numpy as np
+
+from . import pipeline, trace as trace_mod
+from .config import Config
+from .pipeline import Compiled, Program
+from .plan import KernelPlan
+from .targets import Target
+
+log = logging.getLogger("jaxstitch")
+
+# Each symbolic dimension's value in the two plans: large enough that both plan the many-rows
+# mappings a serving batch gets, different enough that a size baked into a kernel shows.
+SAMPLES = (64, 96)
+_DIM_OPS = {"mod": operator.mod, "floordiv": operator.floordiv, "max": max, "min": min,
+            "non_negative": lambda x: max(x, 0)}
+
+
+def is_symbolic(args) -> bool:
+    """Whether any argument's shape has a symbolic dimension (`jax.export.symbolic_shape`)."""
+    return any(not isinstance(d, (int, np.integer)) for a in args for d in a.shape)
+
+
+def _size(d, value: int) -> int:
+    """A dimension (an int or a symbolic expression) with every symbol set to `value`."""
+    if isinstance(d, (int, np.integer)):
+        return int(d)
+    env = {name: value for name in d.get_vars()}
+    return int(eval(str(d), {"__builtins__": {}}, {**_DIM_OPS, **env}))  # e.g. "2*b + 1", "mod(s, 8)"
+
+
+def _sample(args, value: int) -> list:
+    return [jax.ShapeDtypeStruct(tuple(_size(d, value) for d in a.shape), a.dtype) for a in args]
+
+
+def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
+    """The program for symbolic `flat_args`: the symbolic trace, with the regions that form a family
+    stitched and every other region left to XLA with the reason."""
+    traced = trace_mod.trace(fun, flat_args, in_tree, static)
+    plans = [pipeline.build(fun, _sample(flat_args, s), in_tree, target, cfg, static) for s in SAMPLES]
+    if not _aligned(traced, *(p.traced for p in plans)):
+        why = ("the program traced with symbolic dimensions differs from its traces at sizes "
+               f"{SAMPLES} (it computes with its shapes): every region stays with XLA")
+        log.info(why)
+        regions = tuple(dataclasses.replace(c, cubin=None, error=why) for c in plans[0].regions)
+        return Program(traced, plans[0].partition, regions, target)
+    values = {v.id: v for v in traced.graph.inputs}
+    values.update((o.id, o) for e in traced.eqns for o in e.outputs)
+    other = {frozenset(op.index for op in c.plan.region.ops): c for c in plans[1].regions}
+    regions = tuple(_member(c, other.get(frozenset(op.index for op in c.plan.region.ops)), values)
+                    for c in plans[0].regions)
+    return Program(traced, plans[0].partition, regions, target)
+
+
+def _aligned(*traces: trace_mod.Traced) -> bool:
+    """Whether the traces hold the same equations over the same value ids."""
+    def skeleton(t):
+        return [(e.primitive.name, tuple(o.id for o in e.outputs)) for e in t.eqns]
+    first = skeleton(traces[0])
+    return all(skeleton(t) == first for t in traces[1:])
+
+
+def _member(a: Compiled, b: Compiled | None, values: dict) -> Compiled:
+    """Region `a` (planned at the first sample) as a family member over the symbolic `values`, when
+    `b` (the same ops at the second sample) compiled to the same kernel; else left to XLA."""
+    if not a.stitched:
+        return a
+    why = _differs(a, b)
+    if why is None:
+        source = _rows_source(a, b)
+        if source is None:
+            why = "no buffer of the region grows with its rows alone"
+    if why is not None:
+        return dataclasses.replace(a, cubin=None, error=f"not one kernel for every size: {why}")
+    r = a.plan.region
+    region = dataclasses.replace(r, inputs=tuple(values[v.id] for v in r.inputs),
+                                 outputs=tuple(values[v.id] for v in r.outputs))
+    return dataclasses.replace(a, plan=dataclasses.replace(a.plan, region=region), rows_source=source)
+
+
+def _differs(a: Compiled, b: Compiled | None) -> str | None:
+    if b is None or not b.stitched:
+        return f"at the second sample size the region is {'planned otherwise' if b is None else 'not stitched'}"
+    if not isinstance(a.plan.kernel, KernelPlan):
+        return "a batch of tiles or independent chains (sized at planning)"
+    if a.key != b.key:
+        return f"its kernel's source changes with the sizes ({a.plan.kernel.mapping.name} vs {b.plan.kernel.mapping.name})"
+    ma, mb = a.plan.kernel.mapping, b.plan.kernel.mapping
+    if (ma.block, ma.smem_bytes, ma.rows_per_block, a.plan.kernel.workspace_bytes) != (
+            mb.block, mb.smem_bytes, mb.rows_per_block, b.plan.kernel.workspace_bytes) or ma.splits > 1:
+        return "its launch shape changes with the sizes"
+    return None
+
+
+def _rows_source(a: Compiled, b: Compiled) -> tuple[int, int] | None:
+    """(buffer index, elements per row): a buffer (inputs, then outputs) whose size is the row count
+    times the same number at both samples, to read the row count off at run time."""
+    na, nb = a.plan.kernel.mapping.n_rows, b.plan.kernel.mapping.n_rows
+    ra, rb = a.plan.region, b.plan.region
+    for i, (va, vb) in enumerate(zip(ra.inputs + ra.outputs, rb.inputs + rb.outputs)):
+        if va.size % na == 0 and vb.size % nb == 0 and va.size // na == vb.size // nb:
+            if na != nb or va.size == vb.size:
+                return i, va.size // na
+    return None

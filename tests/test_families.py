@@ -1,0 +1,138 @@
+"""Shape families (families.py) and warm starts, on CPU: one cubin for every row count, jax.export
+with symbolic dimensions, the report's NVRTC counter across processes."""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstitch
+from jaxstitch import workloads
+from jaxstitch.kernels import cache
+from strategies import force_stitching
+
+H = 256
+NO_CHECK = [jax.export.DisabledSafetyCheck.custom_call("jaxstitch_launch")]
+
+
+def block(x, g, b, att):
+    """A transformer block's memory-bound pieces: layer norm + GELU over rows of H (a family for any
+    batch and sequence length), and a softmax over rows as long as the sequence (not one)."""
+    y = workloads.layernorm(x, g, b)
+    return jax.nn.gelu(y) * 2.0, jax.nn.softmax(att * 0.125, axis=-1)
+
+
+def specs(batch, seq):
+    f32 = jnp.float32
+    return [jax.ShapeDtypeStruct((batch, seq, H), f32), jax.ShapeDtypeStruct((H,), f32),
+            jax.ShapeDtypeStruct((H,), f32), jax.ShapeDtypeStruct((batch, 4, seq, seq), f32)]
+
+
+def arrays(batch, seq, seed=0):
+    keys = jax.random.split(jax.random.key(seed), 4)
+    return [jax.random.normal(k, s.shape, s.dtype) for k, s in zip(keys, specs(batch, seq))]
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("JAXSTITCH_CACHE_DIR", str(tmp_path))
+    cache.clear_memory()
+    yield tmp_path
+    cache.clear_memory()
+
+
+def test_one_cubin_serves_every_row_count(fresh_cache):
+    fn = workloads.WORKLOADS["layernorm_fwdbwd_short"].fn  # row and column reductions, grid barrier
+    keys = set()
+    with force_stitching():
+        for rows in (4096, 5000, 333, 65536):
+            args = [jax.ShapeDtypeStruct((rows, 64), jnp.float32), jax.ShapeDtypeStruct((64,), jnp.float32),
+                    jax.ShapeDtypeStruct((64,), jnp.float32), jax.ShapeDtypeStruct((rows, 64), jnp.float32)]
+            rep = jaxstitch.explain(fn, *args, target="h100")
+            assert [r.stitched for r in rep.regions] == [True]
+            assert rep.regions[0].rows == rows
+            keys.add(rep.regions[0].cache_key)
+            assert rep.cache.nvrtc_compiles == (1 if rows == 4096 else 0), rep
+    assert len(keys) == 1
+
+
+def test_symbolic_dimensions_stitch_the_families_and_say_why_not(fresh_cache):
+    b, s = jax.export.symbolic_shape("b, s")
+    with force_stitching():
+        rep = jaxstitch.explain(block, *specs(b, s), target="h100")
+    assert rep.symbolic and "symbolic dimensions" in str(rep)
+    norm, softmax = sorted(rep.regions, key=lambda r: "exp" in r.ops)
+    assert norm.stitched and norm.reason is None
+    assert not softmax.stitched and "not one kernel for every size" in softmax.reason
+    assert "source changes with the sizes" in softmax.reason
+
+
+def test_symbolic_sizes_evaluate_like_jax():
+    from jaxstitch.families import _size
+    b, s = jax.export.symbolic_shape("b, s")
+    for d, want in ((b, 7), (2 * b + 1, 15), (b * s, 49), (b // 2, 3), (b % 3, 1), (7, 7)):
+        assert _size(d, 7) == want, d
+
+
+def _export(fn, args, platforms):
+    return jax.export.export(jaxstitch.jit(fn, target="h100"), platforms=platforms,
+                             disabled_checks=NO_CHECK)(*args)
+
+
+def test_export_with_symbolic_batch_and_sequence_round_trips(fresh_cache):
+    pytest.importorskip("flatbuffers")
+    b, s = jax.export.symbolic_shape("b, s")
+    with force_stitching():
+        exp = _export(block, specs(b, s), ["cpu", "cuda"])
+    text = exp.mlir_module()
+    calls = re.findall(r"custom_call @jaxstitch_launch\(.*", text)
+    assert len(calls) == 1  # the layer norm's family; the softmax stays with XLA
+    assert "rows_buffer = 0" in calls[0] and "rows_per_block" in calls[0]
+    attrs = re.sub(r"cubin = dense<[^>]*>", "", calls[0])  # (the cubin: an ELF file, 0x7F454C46...)
+    assert not re.search(r"0x[0-9a-fA-F]{8,}", attrs)  # data only, no process-local pointers
+    again = jax.export.deserialize(exp.serialize())
+    for batch, seq in ((3, 5), (1, 1), (2, 33)):  # on CPU the region runs as its jaxpr, through XLA
+        args = arrays(batch, seq, seed=batch)
+        for got, want in zip(again.call(*args), jax.jit(block)(*args)):
+            np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_export_from_cpu_for_cuda_carries_the_cubin(fresh_cache):
+    b, = jax.export.symbolic_shape("b")
+    args = [jax.ShapeDtypeStruct((b, 128, 768), jnp.float32), jax.ShapeDtypeStruct((768,), jnp.float32),
+            jax.ShapeDtypeStruct((768,), jnp.float32)]
+    with force_stitching():
+        exp = _export(lambda x, g, b: jax.nn.gelu(workloads.layernorm(x, g, b)), args, ["cuda"])
+    call = re.search(r"custom_call @jaxstitch_launch\(.*", exp.mlir_module()).group(0)
+    assert re.search(r"cubin = dense<.*> : tensor<\d+xui8>", call)
+    assert "row_elems = 768" in call
+    assert exp.platforms == ("cuda",)
+
+
+def test_warm_start_runs_nvrtc_zero_times(tmp_path):
+    script = textwrap.dedent("""
+        import jax, jax.numpy as jnp, jaxstitch
+        from jaxstitch import workloads
+        w = workloads.WORKLOADS["softmax_fwdbwd_short"]
+        args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in w.make_inputs(jax.random.key(0), jnp.float32, True)]
+        rep = jaxstitch.explain(w.fn, *args, target="h100")
+        print("STITCHED", sum(r.stitched for r in rep.regions), "NVRTC", rep.cache.nvrtc_compiles,
+              "DISK", rep.cache.disk_hits)
+    """)
+    env = dict(os.environ, JAXSTITCH_CACHE_DIR=str(tmp_path), JAXSTITCH_TUNE="min_gain_pct=1")
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+            for _ in range(2)]
+    counts = []
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+        stitched, nvrtc, disk = map(int, re.search(r"STITCHED (\d+) NVRTC (\d+) DISK (\d+)", run.stdout).groups())
+        counts.append((stitched, nvrtc, disk))
+    (s1, n1, d1), (s2, n2, d2) = counts
+    assert s1 == s2 >= 1
+    assert n1 >= s1 and d1 == 0      # cold: every kernel compiled
+    assert n2 == 0 and d2 >= s2      # warm: none

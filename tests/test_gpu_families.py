@@ -1,0 +1,131 @@
+"""Shape families on a GPU: one cubin run at many row counts, a program exported with symbolic
+dimensions run in a fresh process, and warm starts with JAX's persistent compilation cache. Every
+result is compared with jax.jit's, with outputs poisoned (JAXSTITCH_POISON) first."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstitch
+from jaxstitch import workloads
+from jaxstitch.kernels import cache
+from strategies import force_stitching
+from test_families import NO_CHECK, arrays, block, specs
+from test_gpu_correctness import compare
+
+pytestmark = pytest.mark.gpu
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _norm_bwd_args(rows, seed):
+    ks = jax.random.split(jax.random.key(seed), 4)
+    return [jax.random.normal(ks[0], (rows, 64)), jax.random.normal(ks[1], (64,)),
+            jax.random.normal(ks[2], (64,)), jax.random.normal(ks[3], (rows, 64))]
+
+
+@pytest.mark.parametrize("name", ["layernorm_fwdbwd_short", "softmax_fwdbwd_short"])
+def test_one_cubin_runs_every_row_count(name, monkeypatch):
+    """Layer norm fwd+bwd (a grid barrier for dgamma/dbeta) and softmax fwd+bwd, stitched at row counts
+    from 2 to 20000: one NVRTC compile, results as jax.jit's. (A single row is planned otherwise: its
+    row statistics are scalars.)"""
+    monkeypatch.setenv("JAXSTITCH_POISON", "1")
+    fn = workloads.WORKLOADS[name].fn
+
+    def check(rows):
+        args = _norm_bwd_args(rows, rows)
+        if name.startswith("softmax"):
+            args = [args[0], args[3]]
+        got = jax.block_until_ready(jaxstitch.jit(fn)(*args))
+        for i, (g, w) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(fn)(*args)))):
+            compare(g, w, f"{name} rows={rows} output {i}")
+        assert "jaxstitch_launch" in jaxstitch.jit(fn).lower(*args).as_text(), rows
+
+    with force_stitching():
+        before = cache.stats()
+        for rows in (4096, 2, 7, 333, 20000):
+            check(rows)
+        assert cache.stats().nvrtc_compiles - before.nvrtc_compiles <= 1  # (0: an earlier test compiled it)
+        check(1)
+
+
+_RUN_EXPORTED = textwrap.dedent("""
+    import json, sys
+    import jax, numpy as np
+    import jaxstitch  # registers the custom-call target
+    from jaxstitch.kernels import cache
+    sys.path.insert(0, sys.argv[3])
+    from test_families import arrays, block
+    with open(sys.argv[1], "rb") as f:
+        exp = jax.export.deserialize(bytearray(f.read()))
+    errs = {}
+    for batch, seq in json.loads(sys.argv[2]):
+        args = arrays(batch, seq, seed=batch * 100 + seq)
+        call = jax.jit(exp.call)
+        assert "jaxstitch_launch" in call.lower(*args).compile().as_text()
+        got, want = call(*args), jax.jit(block)(*args)
+        errs[f"{batch}x{seq}"] = [float(np.max(np.abs(np.asarray(g) - np.asarray(w)) / (1 + np.abs(np.asarray(w)))))
+                                  for g, w in zip(got, want)]
+    print("RESULT", json.dumps({"errors": errs, "nvrtc": cache.stats().nvrtc_compiles}))
+""")
+
+
+def test_exported_symbolic_program_runs_in_a_fresh_process(tmp_path, monkeypatch):
+    """jax.export with symbolic batch and sequence; serialized, then run in a new process at shapes
+    never planned, against jax.jit there: no NVRTC (the cubins travel in the artifact)."""
+    pytest.importorskip("flatbuffers")
+    monkeypatch.setenv("JAXSTITCH_POISON", "1")
+    b, s = jax.export.symbolic_shape("b, s")
+    with force_stitching():
+        exp = jax.export.export(jaxstitch.jit(block), platforms=["cuda"], disabled_checks=NO_CHECK)(*specs(b, s))
+    assert "jaxstitch_launch" in exp.mlir_module()
+    path = tmp_path / "block.jax"
+    path.write_bytes(exp.serialize())
+    shapes = [[1, 1], [3, 5], [2, 77], [16, 128], [64, 200]]
+    run = subprocess.run([sys.executable, "-c", _RUN_EXPORTED, str(path), json.dumps(shapes),
+                          os.path.join(ROOT, "tests")], capture_output=True, text=True, timeout=300,
+                         env={k: v for k, v in os.environ.items() if not k.startswith("JAXSTITCH_")})
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.split("RESULT", 1)[1])
+    assert result["nvrtc"] == 0
+    for shape, errs in result["errors"].items():
+        assert max(errs) < 1e-5, (shape, errs)
+
+
+_WARM = textwrap.dedent("""
+    import jax, numpy as np
+    jax.config.update("jax_compilation_cache_dir", __import__("sys").argv[1])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    import jaxstitch
+    from jaxstitch import workloads
+    w = workloads.WORKLOADS["layernorm_fwdbwd_short"]
+    args = w.make_inputs(jax.random.key(3), jax.numpy.float32, True)
+    got, want = jaxstitch.jit(w.fn)(*args), jax.jit(w.fn)(*args)
+    err = max(float(np.max(np.abs(np.asarray(g) - np.asarray(v)))) for g, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)))
+    rep = jaxstitch.explain(w.fn, *args)
+    print("RESULT", err, sum(r.stitched for r in rep.regions), jaxstitch.cache_stats().nvrtc_compiles)
+""")
+
+
+def test_warm_start_with_jax_persistent_cache(tmp_path):
+    """Two fresh processes with JAX's persistent compilation cache and our disk cache: the second runs
+    NVRTC zero times and gives the same results as jax.jit."""
+    env = dict(os.environ, JAXSTITCH_CACHE_DIR=str(tmp_path / "kernels"), JAXSTITCH_TUNE="min_gain_pct=1")
+    outs = []
+    for _ in range(2):
+        run = subprocess.run([sys.executable, "-c", _WARM, str(tmp_path / "xla")], env=env,
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        err, stitched, nvrtc = run.stdout.split("RESULT", 1)[1].split()
+        outs.append((float(err), int(stitched), int(nvrtc)))
+    assert outs[0][1] >= 1 and outs[0][2] >= 1
+    assert outs[1][2] == 0
+    for err, _, _ in outs:
+        assert err < 1e-4
+    assert os.listdir(tmp_path / "xla")  # JAX's cache was written (and read by the second process)
