@@ -88,6 +88,15 @@ def top_p_filter(sorted_logits, top_p=TOP_P):
     return (kept / jnp.sum(kept, axis=-1, keepdims=True)).astype(sorted_logits.dtype)
 
 
+def token_logprob(logits, targets):
+    """log p(target) per row, in float32: a log-softmax over the vocabulary and a pick of the
+    target's entry, written as a masked row sum (a language model's scoring service: perplexity,
+    reranking)."""
+    lf = logits.astype(F32)
+    picked = jnp.arange(lf.shape[-1]) == targets[:, None]
+    return jnp.sum(jnp.where(picked, jax.nn.log_softmax(lf, axis=-1), 0.0), axis=-1)
+
+
 def survival(hazard_logits):
     """Discrete-time survival: S_t = exp(-sum_{s <= t} softplus(x_s)) over the last axis (time
     steps), in float32; returns the input's dtype."""
@@ -368,6 +377,7 @@ _SUITE = (
     _workload("softmax_fwdbwd", softmax_fwdbwd, partial(_rows_inputs, count=2),
               (16384, 4096), (1024, 1024)),
     _workload("xent_fwdbwd", xent_fwdbwd, _xent_inputs, (4096, VOCAB), (256, VOCAB)),
+    _workload("token_logprob", token_logprob, _xent_inputs, (4096, VOCAB), (256, VOCAB)),
     _workload("bias_gelu_dropout", bias_gelu_dropout, _bias_gelu_dropout_inputs,
               (16384, 4096), (1024, 1024)),
     _workload("fig7_chain", fig7_chain, _fig7_inputs, (32768, 2048), (1024, 1024)),

@@ -79,7 +79,8 @@ def _nbytes(p, layout: Layout, min_itemsize: int = 1) -> int:
 def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
              target: Target, rereads: bool = False, busy_sms: int | None = None,
              split_rounds: int = 0, gathered_bytes: int = 0, n_scans: int = 0,
-             views_after_reduction: bool = False, gather_compute_ops: int = 0) -> Estimate:
+             views_after_reduction: bool = False, gather_compute_ops: int = 0,
+             xla_row_levels: int | None = None) -> Estimate:
     """`rereads`: phases after the first read their row inputs again from global memory (L2);
     `busy_sms`: the SMs our grid occupies (fewer than the target has when there are few rows);
     `split_rounds`: rounds of (row, slice) tasks when rows are split over blocks, each crossing a
@@ -87,6 +88,10 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     `inputs` (plan/views.py); `n_scans`: scans along rows (XLA's extra kernels, SCAN_XLA_*);
     `views_after_reduction`: a data-moving op reads a row reduction's result (XLA: a second kernel
     re-reading the row inputs, see above);
+    `xla_row_levels`: the row reductions' levels as XLA meets them, when our layout has fewer (a
+    softmax's sum of exponentials taken in its max's pass, plan/online.py): a log-softmax picked
+    and summed per row is three levels to XLA, 6 kernels at 32% of the roofline (H200, [4096,
+    32000] float32), where one online pass and a second reduction made it look like one kernel;
     `gather_compute_ops`: set when the kernel reads full-size values through gathers, the region's
     ops that compute (per element of the row space; see GATHER_OPS_PER_SM_US)."""
     bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
@@ -107,6 +112,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     grid_syncs = (1 if n_grid_reductions else 0) + row_levels * split_rounds
     ours += target.launch_us + grid_syncs * target.grid_sync_us
     n_full_out = sum(1 for v in outputs if layout.of(v).declared == FULL)
+    if xla_row_levels is not None:
+        row_levels = max(row_levels, xla_row_levels)
     f32_full = layout.n_rows * layout.n_cols * 4
     if row_levels == 0 and n_grid_reductions == 0:
         xla_kernels, xla_bytes, eff = 1, must_move, OUR_EFFICIENCY
