@@ -12,6 +12,7 @@ and say so.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import operator
 
@@ -55,16 +56,15 @@ def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | N
     stitched and every other region left to XLA with the reason."""
     traced = trace_mod.trace(fun, flat_args, in_tree, static)
     plans = [pipeline.build(fun, _sample(flat_args, s), in_tree, target, cfg, static) for s in SAMPLES]
-    if not _aligned(traced, *(p.traced for p in plans)):
-        why = ("the program traced with symbolic dimensions differs from its traces at sizes "
-               f"{SAMPLES} (it computes with its shapes): every region stays with XLA")
+    if not _aligned(*(p.traced for p in plans)):
+        why = (f"the program's traces at sizes {SAMPLES} differ (it branches on its shapes): every "
+               "region stays with XLA")
         log.info(why)
         regions = tuple(dataclasses.replace(c, cubin=None, error=why) for c in plans[0].regions)
         return Program(traced, plans[0].partition, regions, target)
-    values = {v.id: v for v in traced.graph.inputs}
-    values.update((o.id, o) for e in traced.eqns for o in e.outputs)
+    ops, values = _correspondence(plans[0].traced, traced)
     other = {frozenset(op.index for op in c.plan.region.ops): c for c in plans[1].regions}
-    regions = tuple(_member(c, other.get(frozenset(op.index for op in c.plan.region.ops)), values)
+    regions = tuple(_member(c, other.get(frozenset(op.index for op in c.plan.region.ops)), traced, ops, values)
                     for c in plans[0].regions)
     return Program(traced, plans[0].partition, regions, target)
 
@@ -77,22 +77,57 @@ def _aligned(*traces: trace_mod.Traced) -> bool:
     return all(skeleton(t) == first for t in traces[1:])
 
 
-def _member(a: Compiled, b: Compiled | None, values: dict) -> Compiled:
-    """Region `a` (planned at the first sample) as a family member over the symbolic `values`, when
+def _correspondence(concrete: trace_mod.Traced, symbolic: trace_mod.Traced) -> tuple[dict, dict]:
+    """Equation indices (concrete -> symbolic) over runs of the same primitives, and value ids
+    (concrete -> symbolic value). With symbolic dimensions a trace holds a few more equations (shape
+    arithmetic, e.g. `jnp.arange(s)`), so the two are matched as sequences; _member checks that a
+    region's matched equations read the matched values."""
+    names = [[e.primitive.name for e in t.eqns] for t in (concrete, symbolic)]
+    ops = {}
+    for tag, i1, i2, j1, _ in difflib.SequenceMatcher(None, *names, autojunk=False).get_opcodes():
+        if tag == "equal":
+            ops.update((i, j1 + i - i1) for i in range(i1, i2))
+    values = {v.id: w for v, w in zip(concrete.graph.inputs, symbolic.graph.inputs)}
+    for i, j in ops.items():
+        values.update((v.id, w) for v, w in zip(concrete.eqns[i].outputs, symbolic.eqns[j].outputs))
+    return ops, values
+
+
+def _member(a: Compiled, b: Compiled | None, symbolic: trace_mod.Traced, ops: dict, values: dict) -> Compiled:
+    """Region `a` (planned at the first sample) as a family member in the `symbolic` trace, when
     `b` (the same ops at the second sample) compiled to the same kernel; else left to XLA."""
     if not a.stitched:
         return a
     why = _differs(a, b)
+    source = None
     if why is None:
         source = _rows_source(a, b)
         if source is None:
             why = "no buffer of the region grows with its rows alone"
+    r = a.plan.region
+    if why is None and not _matched(r, symbolic, ops, values):
+        why = "its equations could not be matched to the program traced with symbolic dimensions"
     if why is not None:
         return dataclasses.replace(a, cubin=None, error=f"not one kernel for every size: {why}")
-    r = a.plan.region
-    region = dataclasses.replace(r, inputs=tuple(values[v.id] for v in r.inputs),
-                                 outputs=tuple(values[v.id] for v in r.outputs))
+    graph_ops = symbolic.graph.ops
+    region = dataclasses.replace(
+        r, ops=tuple(graph_ops[ops[op.index]] for op in r.ops),
+        inputs=tuple(values[v.id] for v in r.inputs), outputs=tuple(values[v.id] for v in r.outputs),
+        recomputed=frozenset(ops[i] for i in r.recomputed))
     return dataclasses.replace(a, plan=dataclasses.replace(a.plan, region=region), rows_source=source)
+
+
+def _matched(region, symbolic: trace_mod.Traced, ops: dict, values: dict) -> bool:
+    """Every op of the region has its symbolic counterpart, reading the counterparts of its inputs."""
+    if not all(op.index in ops for op in region.ops) or not all(
+            v.id in values for v in region.inputs + region.outputs):
+        return False
+    for op in region.ops:
+        twin = symbolic.graph.ops[ops[op.index]]
+        for x, y in zip(op.inputs, twin.inputs):
+            if hasattr(x, "id") != hasattr(y, "id") or (hasattr(x, "id") and values.get(x.id) is not y):
+                return False
+    return True
 
 
 def _differs(a: Compiled, b: Compiled | None) -> str | None:
