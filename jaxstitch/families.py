@@ -47,6 +47,12 @@ def _size(d, value: int) -> int:
     return int(eval(str(d), {"__builtins__": {}}, {**_DIM_OPS, **env}))  # e.g. "2*b + 1", "mod(s, 8)"
 
 
+def sample_size(n) -> int:
+    """A size (an int or a symbolic expression) at the first sample: to compare sizes under
+    symbolic dimensions (which of two values is larger does not change with the sizes here)."""
+    return _size(n, SAMPLES[0])
+
+
 def _sample(args, value: int) -> list:
     return [jax.ShapeDtypeStruct(tuple(_size(d, value) for d in a.shape), a.dtype) for a in args]
 

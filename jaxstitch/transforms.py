@@ -25,6 +25,7 @@ from jax.interpreters import ad, batching
 
 from . import ir, trace as trace_mod
 from .lowering.primitive import stitch_p
+from .families import sample_size
 from .stitcher import restitch
 
 log = logging.getLogger("jaxstitch")
@@ -69,7 +70,7 @@ def unzip(traced: trace_mod.Traced, unknown_inputs: Sequence[bool]) -> Unzipped:
         if u:
             unknown.update(o.id for o in e.outputs)
     producer = {o.id: i for i, e in enumerate(traced.eqns) for o in e.outputs}
-    full = max((v.size for e in traced.eqns for v in e.outputs), default=0)
+    full = max((sample_size(v.size) for e in traced.eqns for v in e.outputs), default=0)
     kept = {v.id for v in graph.inputs} | {a.id for a in graph.outputs if isinstance(a, ir.Value)}
 
     recompute, residuals, seen = set(), [], set()
@@ -78,7 +79,7 @@ def unzip(traced: trace_mod.Traced, unknown_inputs: Sequence[bool]) -> Unzipped:
         if not isinstance(a, ir.Value) or a.id in unknown or a.id in seen or a.id in traced.consts:
             return
         seen.add(a.id)
-        if a.id in kept or a.id not in producer or a.size < full:
+        if a.id in kept or a.id not in producer or sample_size(a.size) < full:
             residuals.append(a)
             return
         i = producer[a.id]

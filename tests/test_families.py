@@ -136,3 +136,23 @@ def test_warm_start_runs_nvrtc_zero_times(tmp_path):
     assert s1 == s2 >= 1
     assert n1 >= s1 and d1 == 0      # cold: every kernel compiled
     assert n2 == 0 and d2 >= s2      # warm: none
+
+
+def test_export_of_transformed_stitched_functions_with_symbolic_batch(fresh_cache):
+    """jax.grad of a stitched function (its regions planned again by the transformation rules) and a
+    stitched jax.grad, exported with a symbolic batch, give jax.grad's results on CPU."""
+    def loss(x, g, b):
+        return jnp.sum(jax.nn.gelu(workloads.layernorm(x, g, b)) ** 2)
+
+    b, = jax.export.symbolic_shape("b")
+    args_spec = [jax.ShapeDtypeStruct((b, H), jnp.float32), jax.ShapeDtypeStruct((H,), jnp.float32),
+                 jax.ShapeDtypeStruct((H,), jnp.float32)]
+    x, g, beta = arrays(37, 1)[0].reshape(37, H), jnp.linspace(0.5, 1.5, H), jnp.linspace(-1, 1, H)
+    want = jax.grad(loss, argnums=(0, 1))(x, g, beta)
+    with force_stitching():
+        for fn in (jax.grad(jaxstitch.jit(loss, target="h100"), argnums=(0, 1)),
+                   jaxstitch.jit(jax.grad(loss, argnums=(0, 1)), target="h100")):
+            exp = jax.export.export(jax.jit(fn), platforms=["cpu", "cuda"], disabled_checks=NO_CHECK)(*args_spec)
+            for got, w in zip(exp.call(x, g, beta), want):
+                np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-4)
+    assert "jaxstitch_launch" in exp.mlir_module()  # (the stitched jax.grad: one family kernel)
