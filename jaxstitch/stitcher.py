@@ -6,7 +6,7 @@ import heapq
 
 import jax
 
-from . import ir, trace as trace_mod
+from . import families, ir, trace as trace_mod
 from .config import Config
 from .lowering.codegen import KERNEL_NAME
 from .lowering.primitive import Launch, stitch
@@ -128,8 +128,6 @@ def _with_stitched_bodies(eqn, program: Program, index: int, context: Context):
 def restitch(fun, args, context: Context) -> list:
     """`fun(*args)` (flat arrays in, a flat list out) planned and stitched like `jaxstitch.jit`'s
     body: for a region after a transformation (transforms.py)."""
-    from . import families  # (families builds on pipeline, as this module does)
-
     plan = families.build if families.is_symbolic(args) else build
     program = plan(fun, list(args), trace_mod.positional_tree(args), context.target, context.cfg)
     return list(make_runner(program, context)(*args))
