@@ -291,7 +291,7 @@ ffi::Error Execute(CUstream stream, ffi::RemainingArgs args,
     return e;
   // The row count: given, or read off a buffer's size (a kernel of a shape
   // family, lowered with symbolic dimensions). With rows_per_block the grid
-  // is the given one at most and one block per row group at least.
+  // is at most the given one and at most one block per row group.
   int64_t n_rows = rows;
   if (rows_buffer >= 0) {
     const size_t i = static_cast<size_t>(rows_buffer);
