@@ -33,7 +33,6 @@ from flax import nnx
 import jaxstitch
 
 MAX_BATCH = 64
-NO_CHECK = [jax.export.DisabledSafetyCheck.custom_call("jaxstitch_launch")]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +160,7 @@ def export_runner(infer, state, c: Config, target=None, platforms=("cuda",)):
     b, s = jax.export.symbolic_shape("b, s")
     specs = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), state)
     exported = jax.export.export(jaxstitch.jit(infer, target=target), platforms=list(platforms),
-                                 disabled_checks=NO_CHECK)(specs, jax.ShapeDtypeStruct((b, s), jnp.int32))
+                                 disabled_checks=jaxstitch.disabled_checks())(specs, jax.ShapeDtypeStruct((b, s), jnp.int32))
 
     def compile_for(state, tokens):
         return jax.jit(exported.call).lower(state, tokens).compile()

@@ -4,7 +4,7 @@
 """
 import logging as _logging
 
-from .api import explain, jit  # noqa: F401
+from .api import disabled_checks, explain, jit  # noqa: F401
 from .kernels import ffi as _ffi
 from .kernels.cache import stats as cache_stats  # noqa: F401
 from . import transforms as _transforms  # noqa: F401  (the stitch primitive's grad / vmap rules)

@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import jax
 
-from . import config, families, pipeline, report as report_mod, targets
+from . import config, families, report as report_mod, targets
 from .kernels import cache, ffi
 from .stitcher import Context, make_runner
 
@@ -76,7 +76,7 @@ def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=Non
     @functools.wraps(fun)
     def stitched(*args, **kwargs):
         dyn, static, tree = _split_dynamic(args, kwargs)
-        program = _build(fun, dyn, tree, tgt, cfg, static)
+        program = families.build_any(fun, dyn, tree, tgt, cfg, static)
         outs = make_runner(program, Context(tgt, cfg))(*dyn)
         return jax.tree_util.tree_unflatten(program.traced.out_tree, outs)
 
@@ -95,13 +95,14 @@ def explain(fun: Callable, *args: Any, target=None, **kwargs: Any) -> report_mod
         raise ValueError("jaxstitch.explain: no CUDA GPU here; pass argument `target` (e.g. target='h100')")
     dyn, static, tree = _split_dynamic(args, kwargs)
     before = cache.stats()
-    program = _build(fun, dyn, tree, tgt, config.load(), static)
+    program = families.build_any(fun, dyn, tree, tgt, config.load(), static)
     after = cache.stats()
     used = cache.Stats(*(a - b for a, b in zip(dataclasses.astuple(after), dataclasses.astuple(before))))
     return report_mod.make_report(program, used, families.is_symbolic(dyn))
 
 
-def _build(fun, dyn, tree, tgt, cfg, static):
-    """The program for these arguments; with symbolic dimensions (jax.export), its shape families."""
-    build = families.build if families.is_symbolic(dyn) else pipeline.build
-    return build(fun, dyn, tree, tgt, cfg, static)
+def disabled_checks() -> list:
+    """What `jax.export.export(..., disabled_checks=...)` needs for a stitched function: our custom
+    call is not one of those JAX guarantees compatibility for (it carries all it needs: cubin, kernel,
+    launch shape)."""
+    return [jax.export.DisabledSafetyCheck.custom_call(ffi.TARGET)]

@@ -57,6 +57,12 @@ def _sample(args, value: int) -> list:
     return [jax.ShapeDtypeStruct(tuple(_size(d, value) for d in a.shape), a.dtype) for a in args]
 
 
+def build_any(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
+    """The program for these arguments: pipeline.build's for sizes, `build`'s (families) for symbolic
+    dimensions (jax.export)."""
+    return (build if is_symbolic(flat_args) else pipeline.build)(fun, flat_args, in_tree, target, cfg, static)
+
+
 def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
     """The program for symbolic `flat_args`: the symbolic trace, with the regions that form a family
     stitched and every other region left to XLA with the reason."""

@@ -10,7 +10,7 @@ from . import families, ir, trace as trace_mod
 from .config import Config
 from .lowering.codegen import KERNEL_NAME
 from .lowering.primitive import Launch, stitch
-from .pipeline import Compiled, Program, build
+from .pipeline import Compiled, Program
 from .targets import Target
 
 
@@ -128,6 +128,5 @@ def _with_stitched_bodies(eqn, program: Program, index: int, context: Context):
 def restitch(fun, args, context: Context) -> list:
     """`fun(*args)` (flat arrays in, a flat list out) planned and stitched like `jaxstitch.jit`'s
     body: for a region after a transformation (transforms.py)."""
-    plan = families.build if families.is_symbolic(args) else build
-    program = plan(fun, list(args), trace_mod.positional_tree(args), context.target, context.cfg)
+    program = families.build_any(fun, list(args), trace_mod.positional_tree(args), context.target, context.cfg)
     return list(make_runner(program, context)(*args))

@@ -38,7 +38,7 @@ def export(path: str, target: str | None):
     b, s = jax.export.symbolic_shape("b, s")
     exp = jax.export.export(
         jaxstitch.jit(block, target=target), platforms=["cuda"],
-        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("jaxstitch_launch")])(*specs(b, s))
+        disabled_checks=jaxstitch.disabled_checks())(*specs(b, s))
     with open(path, "wb") as f:
         f.write(exp.serialize())
     print(f"exported {path}: {exp.mlir_module().count('@jaxstitch_launch(')} stitched kernel call(s), "

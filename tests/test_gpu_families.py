@@ -8,15 +8,13 @@ import sys
 import textwrap
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 import jaxstitch
 from jaxstitch import workloads
 from jaxstitch.kernels import cache
 from strategies import force_stitching
-from test_families import NO_CHECK, arrays, block, specs
+from test_families import NO_CHECK, block, specs
 from test_gpu_correctness import compare
 
 pytestmark = pytest.mark.gpu

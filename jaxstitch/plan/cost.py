@@ -76,6 +76,11 @@ def _nbytes(p, layout: Layout, min_itemsize: int = 1) -> int:
     return elems * max(p.value.itemsize, min_itemsize)
 
 
+def reduction_levels(layout: Layout) -> int:
+    """How many row reductions run one after another (each a pass over the row)."""
+    return max((p.level for p in layout.values if p.level != EPILOGUE), default=0)
+
+
 def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
              target: Target, rereads: bool = False, busy_sms: int | None = None,
              split_rounds: int = 0, gathered_bytes: int = 0, n_scans: int = 0,
@@ -100,7 +105,7 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     efficiency = SPLIT_EFFICIENCY if split_rounds else OUR_EFFICIENCY
     ours = (must_move + 2 * workspace_bytes) / (bw * efficiency)
     full_in = sum(_nbytes(layout.of(v), layout) for v in inputs if layout.of(v).declared == FULL)
-    row_levels = max((p.level for p in layout.values if p.level != EPILOGUE), default=0)
+    row_levels = reduction_levels(layout)
     if rereads:
         ours += row_levels * full_in / (bw * L2_SPEEDUP)
     if busy_sms is not None:  # only the moving of bytes slows down on fewer SMs, not the launch

@@ -7,7 +7,7 @@ from .. import ir, ops as opdefs
 from ..partition import Region
 from ..targets import Target
 from . import cost, mapping as mapping_mod, tile, views
-from .layout import COL, EPILOGUE, FULL, GATHER, MEMORY, Layout, Unplannable, place
+from .layout import COL, FULL, GATHER, MEMORY, Layout, Unplannable, place
 from .mapping import Mapping
 from .online import OnlineSum, find_online_sums
 
@@ -195,7 +195,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                         rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms, split_rounds=split_rounds,
                         n_scans=len(scans), views_after_reduction=_views_after_reduction(original),
                         gather_compute_ops=_computing_ops(region) if full_gathers else 0,
-                        xla_row_levels=_levels(place(region, frozenset())) if online else None)
+                        xla_row_levels=cost.reduction_levels(place(region, frozenset())) if online else None)
     gain = min_gain(tuning)
     idle = None
     if est.speedup < gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:
@@ -203,10 +203,6 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                 f"{mp.rows_per_block} per block{', ' + str(mp.splits) + ' blocks per row' if mp.splits > 1 else ''}): "
                 f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
     return RegionPlan(original, kernel, est, _decline_reason(region, est, gain, idle, tuning.min_gain_pct is not None))
-
-
-def _levels(layout: Layout) -> int:
-    return max((p.level for p in layout.values if p.level != EPILOGUE), default=0)
 
 
 def _views_after_reduction(region: Region) -> bool:
