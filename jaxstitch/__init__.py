@@ -6,6 +6,7 @@ import logging as _logging
 
 from .api import disabled_checks, explain, jit  # noqa: F401
 from .kernels import ffi as _ffi
+from .families import build_stats  # noqa: F401
 from .kernels.cache import stats as cache_stats  # noqa: F401
 from . import transforms as _transforms  # noqa: F401  (the stitch primitive's grad / vmap rules)
 from .targets import TARGETS, Target, get_target  # noqa: F401

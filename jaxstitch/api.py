@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import time
 from typing import Any, Callable
 
 import jax
@@ -94,11 +95,11 @@ def explain(fun: Callable, *args: Any, target=None, **kwargs: Any) -> report_mod
     if tgt is None:
         raise ValueError("jaxstitch.explain: no CUDA GPU here; pass argument `target` (e.g. target='h100')")
     dyn, static, tree = _split_dynamic(args, kwargs)
-    before = cache.stats()
+    before, t0 = cache.stats(), time.perf_counter()
     program = families.build_any(fun, dyn, tree, tgt, config.load(), static)
-    after = cache.stats()
+    seconds, after = time.perf_counter() - t0, cache.stats()
     used = cache.Stats(*(a - b for a, b in zip(dataclasses.astuple(after), dataclasses.astuple(before))))
-    return report_mod.make_report(program, used, families.is_symbolic(dyn))
+    return report_mod.make_report(program, used, families.is_symbolic(dyn), seconds)
 
 
 def disabled_checks() -> list:

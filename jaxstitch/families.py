@@ -15,6 +15,8 @@ import dataclasses
 import difflib
 import logging
 import operator
+import threading
+import time
 
 import jax
 import numpy as np
@@ -57,10 +59,33 @@ def _sample(args, value: int) -> list:
     return [jax.ShapeDtypeStruct(tuple(_size(d, value) for d in a.shape), a.dtype) for a in args]
 
 
+@dataclasses.dataclass(frozen=True)
+class BuildStats:
+    """Programs jaxstitch built in this process and its own time on them (tracing at sample sizes,
+    partitioning, planning, codegen, NVRTC): the cold cost a user pays before XLA's compile."""
+
+    programs: int
+    seconds: float
+
+
+_built = {"programs": 0, "seconds": 0.0}
+_built_lock = threading.Lock()
+
+
+def build_stats() -> BuildStats:
+    with _built_lock:
+        return BuildStats(**_built)
+
+
 def build_any(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
     """The program for these arguments: pipeline.build's for sizes, `build`'s (families) for symbolic
     dimensions (jax.export)."""
-    return (build if is_symbolic(flat_args) else pipeline.build)(fun, flat_args, in_tree, target, cfg, static)
+    t0 = time.perf_counter()
+    program = (build if is_symbolic(flat_args) else pipeline.build)(fun, flat_args, in_tree, target, cfg, static)
+    with _built_lock:
+        _built["programs"] += 1
+        _built["seconds"] += time.perf_counter() - t0
+    return program
 
 
 def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:

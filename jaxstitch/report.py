@@ -44,6 +44,7 @@ class Report:
     # start shows nvrtc_compiles == 0; a new row count of a known family, memory or disk hits only).
     cache: Stats | None = None
     symbolic: bool = False                 # planned for symbolic dimensions (rows x cols: the first sample)
+    seconds: float | None = None           # jaxstitch's own time: trace, partition, plan, codegen, NVRTC
 
     @property
     def stitched_kernels(self) -> int:
@@ -57,6 +58,10 @@ class Report:
         if self.cache is not None:
             head += (f"; cubins: {self.cache.nvrtc_compiles} compiled by NVRTC, {self.cache.disk_hits} from "
                      f"the disk cache, {self.cache.memory_hits} from memory")
+        if self.seconds is not None:
+            head += f"; planned in {self.seconds:.2f} s"
+            if self.cache is not None and self.cache.nvrtc_compiles:
+                head += f" ({self.cache.nvrtc_seconds:.2f} s in NVRTC)"
         cols = ("#", "ops", "stitched", "kernels", "scheme", "mapping", "rows x cols", "est us", "xla us", "reason")
         rows = []
         for r in self.regions:
@@ -81,7 +86,8 @@ class Report:
         p.text(str(self))
 
 
-def make_report(program: Program, cache: Stats | None = None, symbolic: bool = False) -> Report:
+def make_report(program: Program, cache: Stats | None = None, symbolic: bool = False,
+                seconds: float | None = None) -> Report:
     regions = []
     for where, c in program.all_regions():
         plan, k, est = c.plan, c.plan.kernel, c.plan.estimate
@@ -103,7 +109,7 @@ def make_report(program: Program, cache: Stats | None = None, symbolic: bool = F
             pair = (ops[idx].prim, why)
             if pair not in seen:
                 seen.append(pair)
-    return Report(program.target.name, tuple(regions), tuple(seen), cache, symbolic)
+    return Report(program.target.name, tuple(regions), tuple(seen), cache, symbolic, seconds)
 
 
 def _programs(program: Program):

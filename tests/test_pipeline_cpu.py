@@ -962,7 +962,11 @@ _CACHE_SCRIPT = textwrap.dedent("""
         out["sources"][os.path.basename(path)] = {
             "sm_90": cache.cache_key(src, "sm_90"), "sm_80": cache.cache_key(src, "sm_80")}
     s = jaxstitch.cache_stats()
-    out["stats"] = {"nvrtc_compiles": s.nvrtc_compiles, "disk_hits": s.disk_hits}
+    out["stats"] = {"nvrtc_compiles": s.nvrtc_compiles, "disk_hits": s.disk_hits,
+                    "nvrtc_seconds": s.nvrtc_seconds}
+    out["built"] = jaxstitch.build_stats().programs
+    out["report_seconds"] = report.seconds
+    out["header"] = str(report).splitlines()[0]
     print("RESULT " + json.dumps(out))
 """)
 
@@ -996,6 +1000,12 @@ def test_cache_key_stable_across_processes_and_warm_disk_cache(tmp_path):
     assert first["stats"]["nvrtc_compiles"] > 0
     assert second["stats"]["nvrtc_compiles"] == 0, second
     assert second["stats"]["disk_hits"] > 0, second
+    # the time it took: NVRTC's share only where NVRTC ran
+    assert first["stats"]["nvrtc_seconds"] > 0 and second["stats"]["nvrtc_seconds"] == 0
+    assert first["built"] == second["built"] == 1
+    assert first["report_seconds"] >= first["stats"]["nvrtc_seconds"] and second["report_seconds"] > 0
+    assert "s in NVRTC)" in first["header"] and "planned in" in second["header"]
+    assert "NVRTC)" not in second["header"]
     assert list(cache_dir.rglob("*.cubin")), "nothing written to JAXSTITCH_CACHE_DIR"
 
 

@@ -13,6 +13,7 @@ import logging
 import os
 import tempfile
 import threading
+import time
 
 from . import nvrtc
 
@@ -25,6 +26,7 @@ class Stats:
     nvrtc_compiles: int
     memory_hits: int
     disk_hits: int
+    nvrtc_seconds: float = 0.0   # wall time in NVRTC (its misses' cost)
 
 
 class _Cache:
@@ -32,6 +34,7 @@ class _Cache:
         self.lock = threading.Lock()
         self.memory: dict[str, tuple[bytes, nvrtc.Resources]] = {}
         self.compiles = self.memory_hits = self.disk_hits = 0
+        self.nvrtc_seconds = 0.0
 
 
 _CACHE = _Cache()
@@ -62,9 +65,11 @@ def get_cubin(source: str, arch: str, cache_dir: str | None) -> tuple[str, bytes
             _CACHE.disk_hits += 1
             _CACHE.memory[key] = (cubin, res)
         return key, cubin, res
+    t0 = time.perf_counter()
     cubin, res = nvrtc.compile_cubin(source, arch)
     with _CACHE.lock:
         _CACHE.compiles += 1
+        _CACHE.nvrtc_seconds += time.perf_counter() - t0
         _CACHE.memory[key] = (cubin, res)
     if path:
         _write_atomic(path + ".cubin", cubin)
@@ -85,7 +90,7 @@ def _write_atomic(path: str, data: bytes):
 
 def stats() -> Stats:
     with _CACHE.lock:
-        return Stats(_CACHE.compiles, _CACHE.memory_hits, _CACHE.disk_hits)
+        return Stats(_CACHE.compiles, _CACHE.memory_hits, _CACHE.disk_hits, _CACHE.nvrtc_seconds)
 
 
 def clear_memory():
