@@ -24,7 +24,9 @@ import numpy as np
 from . import pipeline, trace as trace_mod
 from .config import Config
 from .pipeline import Compiled, Program
-from .plan import KernelPlan
+from .plan import KernelPlan, plan_region
+from .plan.planner import estimate_rows
+from .plan import mapping as mapping_mod
 from .targets import Target
 
 log = logging.getLogger("jaxstitch")
@@ -91,8 +93,11 @@ def build_any(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict
 def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
     """The program for symbolic `flat_args`: the symbolic trace, with the regions that form a family
     stitched and every other region left to XLA with the reason."""
+    # Both samples are partitioned (their kernels compiling meanwhile) before either is completed.
+    staged = [pipeline.stage(trace_mod.trace(fun, _sample(flat_args, s), in_tree, static), target, cfg)
+              for s in SAMPLES]
     traced = trace_mod.trace(fun, flat_args, in_tree, static)
-    plans = [pipeline.build(fun, _sample(flat_args, s), in_tree, target, cfg, static) for s in SAMPLES]
+    plans = [pipeline.complete(st, target, cfg) for st in staged]
     if not _aligned(*(p.traced for p in plans)):
         why = (f"the program's traces at sizes {SAMPLES} differ (it branches on its shapes): every "
                "region stays with XLA")
@@ -101,9 +106,14 @@ def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | N
         return Program(traced, plans[0].partition, regions, target)
     ops, values = _correspondence(plans[0].traced, traced)
     other = {frozenset(op.index for op in c.plan.region.ops): c for c in plans[1].regions}
-    regions = tuple(_member(c, other.get(frozenset(op.index for op in c.plan.region.ops)), traced, ops, values)
-                    for c in plans[0].regions)
-    return Program(traced, plans[0].partition, regions, target)
+    regions = []
+    for a in plans[0].regions:
+        b = other.get(frozenset(op.index for op in a.plan.region.ops))
+        member = _member(a, b, traced, ops, values)
+        if member.stitched:
+            member = dataclasses.replace(member, variants=_few_rows_variants(a, b, target, cfg))
+        regions.append(member)
+    return Program(traced, plans[0].partition, tuple(regions), target)
 
 
 def _aligned(*traces: trace_mod.Traced) -> bool:
@@ -175,10 +185,41 @@ def _differs(a: Compiled, b: Compiled | None) -> str | None:
     if a.key != b.key:
         return f"its kernel's source changes with the sizes ({a.plan.kernel.mapping.name} vs {b.plan.kernel.mapping.name})"
     ma, mb = a.plan.kernel.mapping, b.plan.kernel.mapping
-    if (ma.block, ma.smem_bytes, ma.rows_per_block, a.plan.kernel.workspace_bytes) != (
-            mb.block, mb.smem_bytes, mb.rows_per_block, b.plan.kernel.workspace_bytes) or ma.splits > 1:
+    if (ma.block, ma.smem_bytes, ma.rows_per_block, ma.splits, ma.grid_cap, a.plan.kernel.workspace_bytes) != (
+            mb.block, mb.smem_bytes, mb.rows_per_block, mb.splits, mb.grid_cap, b.plan.kernel.workspace_bytes):
         return "its launch shape changes with the sizes"
     return None
+
+
+def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) -> tuple[tuple[int, Compiled], ...]:
+    """For a member whose long rows run a block each: the same region with each row split over as
+    many blocks as it supports, launched below the row count where the cost model stops expecting
+    it to be faster (too few rows leave SMs idle, against the split's grid barriers: a served request
+    of one short sequence over a vocabulary of 256k). Planned at both samples (forced past the cost
+    model's verdict, which priced the samples' many rows) and kept only where both agree, as
+    members are."""
+    m = a.plan.kernel.mapping
+    if m.chunks == 1 or m.splits > 1 or not cfg.tuning.variants:
+        return ()
+    k = mapping_mod.split_count(1, m.n_cols, m.vec, target)
+    if k < 2:
+        return ()
+    forced = dataclasses.replace(cfg, tuning=dataclasses.replace(cfg.tuning, splits=k, min_gain_pct=0))
+    plan = plan_region(a.plan.region, target, forced.tuning)
+    if plan.kernel is None or plan.kernel.mapping.splits < 2:
+        return ()
+    below = 1  # the first row count where the split kernel is not expected to win
+    while below <= target.sm_count * m.rows_per_block and (
+            estimate_rows(plan, below, target).us < estimate_rows(a.plan, below, target).us):
+        below += 1
+    if below == 1:
+        return ()
+    va, vb = (pipeline.compile_region(c.plan.region, target, forced) for c in (a, b))
+    if _differs(va, vb) is not None or va.plan.kernel.mapping.splits < 2:
+        log.info("region %d: no split-row variant below %d rows (%s)", a.plan.region.id, below,
+                 _differs(va, vb) or "not split")
+        return ()
+    return ((below, va),)
 
 
 def _rows_source(a: Compiled, b: Compiled) -> tuple[int, int] | None:

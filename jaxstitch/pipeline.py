@@ -35,6 +35,10 @@ class Compiled:
     # A shape family's member (families.py): (buffer, elements per row) to read the row count off
     # at run time; None: the sizes are the planned ones.
     rows_source: tuple[int, int] | None = None
+    # A family member's other kernels, each for fewer rows than its bound: (below_rows, Compiled),
+    # e.g. rows split over several blocks where too few rows would leave SMs idle. The launcher
+    # picks by the row count at run time.
+    variants: tuple[tuple[int, "Compiled"], ...] = ()
 
     @property
     def stitched(self) -> bool:
@@ -79,8 +83,7 @@ def compile_region(region, target: Target, cfg: Config) -> Compiled:
     filter over 32k float32 logits: 512 threads a row, one block an SM, 326 us; 256 threads a row
     within the cap, 282 us on an H100)."""
     compiled, tried, seen, lone = None, [], set(), None
-    cap = cfg.tuning.max_tpr
-    for max_tpr in [t for t in (1024, 512, 256) if t <= cap] or [cap]:
+    for max_tpr in _tprs(cfg):
         for relaxed in (False, True):
             plan = plan_region(region, target, dataclasses.replace(cfg.tuning, max_tpr=max_tpr), relaxed)
             if compiled is not None and (plan.kernel is None or plan.kernel.mapping in seen):
@@ -172,17 +175,63 @@ def _fits_one_kernel(region) -> bool:
 
 
 def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
-    program = _build(trace_mod.trace(fun, flat_args, in_tree, static), target, cfg)
+    return complete(stage(trace_mod.trace(fun, flat_args, in_tree, static), target, cfg), target, cfg)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Staged:
+    """A traced program, partitioned, its kernels compiling in the background (see stage)."""
+
+    traced: trace_mod.Traced
+    partition: partition_mod.Partition
+
+
+def stage(traced: trace_mod.Traced, target: Target, cfg: Config) -> Staged:
+    """Partition, and start NVRTC on every region's first plan in the background (NVRTC releases the
+    GIL): a program's kernels then compile side by side, and beside whatever is planned before
+    `complete` (families.py plans a second sample meanwhile)."""
+    cuts = partition_mod.Cuts(at_reduced=not cfg.tuning.stitch, at_grid=not cfg.tuning.grid)
+    part = partition_mod.partition(traced.graph, fits=_fits_one_kernel, cuts=cuts)
+    if cfg.tuning.recompute:
+        part = recompute_cheap_inputs(traced.graph, part, _fits_one_kernel)
+    for r in part.regions:
+        _prefetch(r, target, cfg)
+    return Staged(traced, part)
+
+
+def complete(staged: Staged, target: Target, cfg: Config) -> Program:
+    """The program: every region compiled (or left to XLA, with the reason); dumped if asked."""
+    program = _complete(staged, target, cfg)
     if cfg.dump_dir:
         _dump(program, cfg.dump_dir)
     return program
 
 
+def _prefetch(region, target: Target, cfg: Config):
+    """What compile_region tries first, compiling in the background (a wrong guess costs a compile
+    thread, never a result: compile_region plans and looks the source up again)."""
+    plan = plan_region(region, target, dataclasses.replace(cfg.tuning, max_tpr=_tprs(cfg)[0]))
+    if not plan.stitched:
+        return
+    try:
+        source = codegen.render(plan.kernel)
+    except Unplannable:
+        return
+    cache.prefetch(source.code, target.arch, cfg.cache_dir)
+
+
+def _tprs(cfg: Config) -> list[int]:
+    """Threads per row compile_region tries, in order."""
+    cap = cfg.tuning.max_tpr
+    return [t for t in (1024, 512, 256) if t <= cap] or [cap]
+
+
 def _build(traced: trace_mod.Traced, target: Target, cfg: Config) -> Program:
-    cuts = partition_mod.Cuts(at_reduced=not cfg.tuning.stitch, at_grid=not cfg.tuning.grid)
-    part = partition_mod.partition(traced.graph, fits=_fits_one_kernel, cuts=cuts)
-    if cfg.tuning.recompute:
-        part = recompute_cheap_inputs(traced.graph, part, _fits_one_kernel)
+    return _complete(stage(traced, target, cfg), target, cfg)
+
+
+def _complete(staged: Staged, target: Target, cfg: Config) -> Program:
+    traced, part = staged.traced, staged.partition
     regions = tuple(compile_region(r, target, cfg) for r in part.regions)
     if cfg.tuning.remote:
         regions = stitch_remote(traced.graph, regions, target, cfg)

@@ -29,6 +29,7 @@ class RegionReport:
     registers: int | None = None      # per thread, as compiled
     alternatives: tuple[str, ...] = ()  # mappings compiled first, and why each lost
     where: str = ""                   # the control-flow body holding the region ("" at top level)
+    variants: tuple[str, ...] = ()    # a family's kernels for fewer rows: "below N rows: mapping"
 
     @property
     def name(self) -> str:
@@ -67,7 +68,7 @@ class Report:
         for r in self.regions:
             ops = f"{len(r.ops)}: " + ",".join(sorted(set(r.ops)))[:40]
             rows.append((r.name, ops, "yes" if r.stitched else "no",
-                         str(r.kernels), r.scheme or "-", r.mapping or "-",
+                         str(r.kernels), r.scheme or "-", "; ".join([r.mapping or "-", *r.variants]),
                          f"{r.rows}x{r.cols}" if r.rows else "-",
                          f"{r.est_us:.1f}" if r.est_us is not None else "-",
                          f"{r.xla_est_us:.1f}" if r.xla_est_us is not None else "-",
@@ -101,7 +102,8 @@ def make_report(program: Program, cache: Stats | None = None, symbolic: bool = F
             est_bytes=est.bytes if est else None, est_us=est.us if est else None,
             xla_kernels=est.xla_kernels if est else None, xla_est_us=est.xla_us if est else None,
             reason=c.reason, cache_key=c.key, smem_bytes=m.smem_bytes if m else None,
-            registers=c.registers, alternatives=c.tried, where=where))
+            registers=c.registers, alternatives=c.tried, where=where,
+            variants=tuple(f"below {n} rows: {v.plan.kernel.description}" for n, v in c.variants)))
     seen = []
     for p in _programs(program):
         ops = p.traced.graph.ops

@@ -8,6 +8,7 @@ import jax
 
 from . import families, ir, trace as trace_mod
 from .config import Config
+from .kernels import ffi
 from .lowering.codegen import KERNEL_NAME
 from .lowering.primitive import Launch, stitch
 from .pipeline import Compiled, Program
@@ -30,8 +31,22 @@ def _launch(c: Compiled, poison: bool) -> Launch:
     if c.rows_source is None:
         return launch
     buffer, row_elems = c.rows_source  # (a family's member: rows and grid follow the buffers)
-    return dataclasses.replace(launch, grid=m.grid_cap, rows_buffer=buffer, row_elems=row_elems,
-                               rows_per_block=m.rows_per_block)
+    launch = dataclasses.replace(launch, grid=m.grid_cap, rows_buffer=buffer, row_elems=row_elems,
+                                 rows_per_block=m.rows_per_block, splits=m.splits)
+    if not c.variants:
+        return launch
+    # One workspace for whichever kernel runs: the largest; a kernel without one leaves it out.
+    r = c.plan.region
+    alts = tuple(_alternative(below, v, len(r.inputs) + len(r.outputs)) for below, v in c.variants)
+    ws = max([launch.workspace_bytes] + [v.plan.kernel.workspace_bytes for _, v in c.variants])
+    return dataclasses.replace(launch, workspace_bytes=ws, alternatives=alts,
+                               buffers=-1 if m.cooperative else len(r.inputs) + len(r.outputs))
+
+
+def _alternative(below_rows: int, v: Compiled, n_buffers: int) -> ffi.Alternative:
+    m = v.plan.kernel.mapping
+    return ffi.Alternative(below_rows, v.cubin, v.key, m.grid_cap, m.block, m.smem_bytes, m.cooperative,
+                           m.rows_per_block, m.splits, n_buffers + (1 if m.cooperative else 0))
 
 
 def _schedule(program: Program):

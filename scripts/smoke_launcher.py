@@ -4,8 +4,8 @@ Compiles small CUDA C kernels with NVRTC, launches them through
 ``jaxstitch.kernels.ffi.launch`` inside ``jax.jit`` and checks the results:
 a plain launch, a cooperative launch whose kernel crosses a grid barrier, a
 driver error surfacing as a Python exception, a jax.export round trip, a module
-loaded lazily at execute (under CUDA-graph capture), and the cost of a chain
-of 32 launches in one jit.
+loaded lazily at execute (under CUDA-graph capture), an alternative kernel picked
+by the row count, and the cost of a chain of 32 launches in one jit.
 
 Run on a GPU machine after ``pip install --no-build-isolation --no-deps -e .``:
 
@@ -72,6 +72,16 @@ extern "C" __global__ void add1_coop(const float* x, float* y, float* z) {
   grid_sync();
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < N; i += stride)
     z[i] = y[N - 1 - i] + 0.5f;
+}
+"""
+
+# The same kernel name adding 2: an alternative of add1 (check 6).
+SOURCE_ALT = r"""
+#define N %(n)d
+
+extern "C" __global__ void add1(const float* x, float* y) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < N) y[i] = x[i] + 2.0f;
 }
 """
 
@@ -254,7 +264,29 @@ def main():
     except Exception as e:
         report(False, "lazy load at execute under graph capture", short(e))
 
-    # 6. Chains of launches in one jit: per-call cost on 10^6 floats and on
+    # 6. Alternatives: the launcher runs the first one made for more rows than
+    # the call has (here `rows`, given), else the main kernel. The alternative's
+    # add1 adds 2 and takes one buffer fewer: the workspace it does not use.
+    try:
+        cubin_alt = compile_cubin(SOURCE_ALT % {"n": N}, arch)
+        ws = jax.ShapeDtypeStruct((16,), jnp.uint8)
+
+        def picked(x, rows, below):
+            alt = ffi.Alternative(below, cubin_alt, hashlib.sha256(cubin_alt).hexdigest(),
+                                  math.ceil(N / BLOCK), BLOCK, 0, False, 0, buffers=2)
+            return ffi.launch([x], out_types=[spec, ws], cubin=cubin,
+                              key=hashlib.sha256(cubin).hexdigest(), kernel="add1",
+                              grid=math.ceil(N / BLOCK), block=BLOCK, smem=0,
+                              cooperative=False, rows=rows, buffers=2,
+                              alternatives=[alt])[0]
+        below = np.asarray(jax.jit(lambda v: picked(v, 10, 11))(x))
+        at = np.asarray(jax.jit(lambda v: picked(v, 11, 11))(x))
+        report(np.array_equal(below, x_np + np.float32(2)) and np.array_equal(at, x_np + np.float32(1)),
+               "alternative kernel picked by the row count")
+    except Exception as e:
+        report(False, "alternative kernel picked by the row count", short(e))
+
+    # 7. Chains of launches in one jit: per-call cost on 10^6 floats and on
     # 1024 floats (mostly launch overhead), with XLA's own kernels for scale.
     # Inside XLA command buffers a custom call is a traced command: when its
     # buffer addresses change between runs XLA re-captures it (~10 us), while

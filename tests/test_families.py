@@ -72,6 +72,40 @@ def test_symbolic_dimensions_stitch_the_families_and_say_why_not(fresh_cache):
     assert "source changes with the sizes" in softmax.reason
 
 
+VOCAB = 131072  # (a long vocabulary: 30522 gets no split variant, the cost model expects no gain)
+
+
+def token_stats(x):
+    """Per-token log-softmax statistics over a vocabulary: long rows, as many as batch x sequence."""
+    lp = jax.nn.log_softmax(x, axis=-1)
+    return lp.mean(-1), jnp.max(lp, -1)
+
+
+def test_long_rows_get_a_split_row_variant_for_few_rows(fresh_cache, monkeypatch):
+    """A family of long rows runs a block per row; below the row count where the planner would split
+    rows (too few to give every SM one), a variant splits each row over several blocks, launched
+    instead. Its source is the same at both samples: its workspace does not grow with the rows."""
+    b, s = jax.export.symbolic_shape("b, s")
+    spec = jax.ShapeDtypeStruct((b, s, VOCAB), jnp.float32)
+    rep = jaxstitch.explain(token_stats, spec, target="h100")  # (the target _export plans for)
+    (region,) = rep.regions
+    assert region.stitched and "rows split" not in region.mapping
+    (variant,) = region.variants
+    below = int(re.match(r"below (\d+) rows: .*rows split over (\d+) blocks", variant).group(1))
+    assert 8 < below <= 132  # fewer rows than SMs
+    assert "below" in str(rep) and rep.cache.nvrtc_compiles == 2
+    short = jax.ShapeDtypeStruct((b, s, 30522), jnp.float32)
+    assert jaxstitch.explain(token_stats, short, target="h200").regions[0].variants == ()
+    exp = _export(token_stats, [spec], ["cuda"])
+    call = re.search(r"custom_call @jaxstitch_launch\(.*", exp.mlir_module()).group(0)
+    alt = re.search(r"alt_launch = dense<\[([^\]]*)\]>", call).group(1).split(",")
+    assert int(alt[0]) == below and int(alt[6]) > 1 and len(alt) == 9  # below_rows ... splits ... bytes
+    # JAXSTITCH_TUNE=variants=0: the member alone
+    monkeypatch.setenv("JAXSTITCH_TUNE", "variants=0")
+    (plain,) = jaxstitch.explain(token_stats, spec, target="h200").regions
+    assert plain.stitched and plain.variants == () and plain.cache_key == region.cache_key
+
+
 def test_symbolic_sizes_evaluate_like_jax():
     from jaxstitch.families import _size
     b, s = jax.export.symbolic_shape("b, s")

@@ -14,7 +14,7 @@ import jaxstitch
 from jaxstitch import workloads
 from jaxstitch.kernels import cache
 from strategies import force_stitching
-from test_families import NO_CHECK, block, specs
+from test_families import NO_CHECK, VOCAB, block, specs, token_stats
 from test_gpu_correctness import compare
 
 pytestmark = pytest.mark.gpu
@@ -50,6 +50,25 @@ def test_one_cubin_runs_every_row_count(name, monkeypatch):
             check(rows)
         assert cache.stats().nvrtc_compiles - before.nvrtc_compiles <= 1  # (0: an earlier test compiled it)
         check(1)
+
+
+def test_split_row_variant_below_its_row_count(monkeypatch):
+    """Per-token statistics over a long vocabulary (131072), exported with symbolic batch and sequence:
+    row counts on both sides of the split-row variant's bound (launcher picks by the actual rows),
+    each against jax.jit with outputs poisoned."""
+    pytest.importorskip("flatbuffers")
+    monkeypatch.setenv("JAXSTITCH_POISON", "1")
+    b, s = jax.export.symbolic_shape("b, s")
+    spec = jax.ShapeDtypeStruct((b, s, VOCAB), jax.numpy.float32)
+    (region,) = jaxstitch.explain(token_stats, spec).regions
+    below = int(region.variants[0].split()[1])
+    exp = jax.export.export(jaxstitch.jit(token_stats), platforms=["cuda"], disabled_checks=NO_CHECK)(spec)
+    call = jax.jit(exp.call)
+    for batch, seq in ((1, 1), (1, 8), (2, (below - 1) // 2), (1, below - 1), (1, below), (3, 50), (8, 128)):
+        x = jax.random.normal(jax.random.key(batch * 1000 + seq), (batch, seq, VOCAB)) * 3
+        got, want = call(x), jax.jit(token_stats)(x)
+        for i, (g, w) in enumerate(zip(got, want)):
+            compare(g, w, f"token_stats {batch}x{seq} ({batch * seq} rows, variant below {below}) output {i}")
 
 
 _RUN_EXPORTED = textwrap.dedent("""

@@ -6,6 +6,7 @@ process with a warm disk cache never runs NVRTC.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import json
@@ -26,7 +27,7 @@ class Stats:
     nvrtc_compiles: int
     memory_hits: int
     disk_hits: int
-    nvrtc_seconds: float = 0.0   # wall time in NVRTC (its misses' cost)
+    nvrtc_seconds: float = 0.0   # time in NVRTC, summed over compiles (which may run side by side)
 
 
 class _Cache:
@@ -38,6 +39,11 @@ class _Cache:
 
 
 _CACHE = _Cache()
+# NVRTC releases the GIL: a program's kernels compile side by side, and beside the planning still
+# to do (prefetch). Each key compiles once; a lookup of a key in flight waits for it.
+_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=min(16, os.cpu_count() or 1),
+                                              thread_name_prefix="jaxstitch-nvrtc")
+_IN_FLIGHT: dict[str, concurrent.futures.Future] = {}
 
 
 def cache_key(source: str, arch: str) -> str:
@@ -48,13 +54,39 @@ def cache_key(source: str, arch: str) -> str:
     return h.hexdigest()
 
 
+def prefetch(source: str, arch: str, cache_dir: str | None):
+    """Starts `get_cubin` in the background; a later get_cubin of the same source waits for it
+    (and counts as a memory hit). Errors surface there."""
+    key = cache_key(source, arch)
+    with _CACHE.lock:
+        if key in _CACHE.memory or key in _IN_FLIGHT:
+            return
+        _IN_FLIGHT[key] = _POOL.submit(_load_or_compile, key, source, arch, cache_dir)
+
+
 def get_cubin(source: str, arch: str, cache_dir: str | None) -> tuple[str, bytes, nvrtc.Resources]:
     """(key, cubin, resources) for `source`, running NVRTC only on a miss in memory and on disk."""
     key = cache_key(source, arch)
     with _CACHE.lock:
+        pending = _IN_FLIGHT.get(key)
+    if pending is not None and pending.exception() is None:
+        return pending.result()  # (counted as the compile or disk hit it was)
+    with _CACHE.lock:
         if key in _CACHE.memory:
             _CACHE.memory_hits += 1
             return (key,) + _CACHE.memory[key]
+    return _load_or_compile(key, source, arch, cache_dir)  # (after a failed prefetch: its error, here)
+
+
+def _load_or_compile(key: str, source: str, arch: str, cache_dir: str | None) -> tuple[str, bytes, nvrtc.Resources]:
+    try:
+        return _load_or_compile_now(key, source, arch, cache_dir)
+    finally:
+        with _CACHE.lock:
+            _IN_FLIGHT.pop(key, None)
+
+
+def _load_or_compile_now(key: str, source: str, arch: str, cache_dir: str | None):
     path = os.path.join(cache_dir, key[:2], key) if cache_dir else None
     if path and os.path.exists(path + ".cubin") and os.path.exists(path + ".json"):
         with open(path + ".cubin", "rb") as f:

@@ -15,6 +15,7 @@ order, then every result buffer in order.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import glob
 import os
 import threading
@@ -76,6 +77,24 @@ def register() -> tuple[bool, str | None]:
         return _result
 
 
+@dataclasses.dataclass(frozen=True)
+class Alternative:
+    """Another kernel of the same region, run instead of the main one when the row count is below
+    `below_rows` (a shape family's variant: e.g. rows split over blocks for few long rows). Its
+    kernel has the main one's name; `buffers`: pointers it takes before the row count (-1: all)."""
+
+    below_rows: int
+    cubin: bytes = dataclasses.field(repr=False)
+    key: str
+    grid: int
+    block: int
+    smem: int
+    cooperative: bool
+    rows_per_block: int
+    splits: int = 1
+    buffers: int = -1
+
+
 def launch(
     args: Sequence[Any],
     *,
@@ -92,6 +111,9 @@ def launch(
     rows_buffer: int = -1,
     row_elems: int = 1,
     rows_per_block: int = 0,
+    splits: int = 1,
+    buffers: int = -1,
+    alternatives: Sequence[Alternative] = (),
     target: str = TARGET,
 ):
     """Calls ``kernel`` from ``cubin`` on ``args``; returns the list of results.
@@ -108,7 +130,12 @@ def launch(
     (arguments first, then results) over ``row_elems``, so that a shape family's
     kernel lowered with symbolic dimensions sizes itself at run time. With
     ``rows_per_block`` the grid is at most ``grid`` and at most one block per
-    ``rows_per_block`` rows.
+    ``rows_per_block`` rows (times ``splits``: blocks sharing a row).
+    ``buffers`` >= 0: the kernel takes only the first ``buffers`` pointers
+    (results without the workspace an alternative needs).
+
+    ``alternatives``, in increasing ``below_rows``: the first made for more rows
+    than there are runs instead (the launcher picks by the actual row count).
 
     ``target``: another registration of the same handler (tests). Every attribute
     is always passed: XLA's FFI reports a missing one from inside the handler,
@@ -128,4 +155,20 @@ def launch(
         rows_buffer=np.int64(rows_buffer),
         row_elems=np.int64(row_elems),
         rows_per_block=np.int64(rows_per_block),
+        splits=np.int64(splits),
+        buffers=np.int64(buffers),
+        **_packed(alternatives),
     )
+
+
+def _packed(alternatives: Sequence[Alternative]) -> dict:
+    """The alternatives as the launcher's three attributes (launcher.cc: Alternatives); one 0 in
+    each array when there are none."""
+    alts = sorted(alternatives, key=lambda a: a.below_rows)
+    if not alts:
+        return dict(alt_launch=np.zeros(1, np.int64), alt_cubins=np.zeros(1, np.uint8), alt_keys="-")
+    fields = [(a.below_rows, a.grid, a.block, a.smem, int(a.cooperative), a.rows_per_block, a.splits,
+               a.buffers, len(a.cubin)) for a in alts]
+    return dict(alt_launch=np.array(fields, np.int64).reshape(-1),
+                alt_cubins=np.frombuffer(b"".join(a.cubin for a in alts), np.uint8),
+                alt_keys=" ".join(a.key for a in alts))

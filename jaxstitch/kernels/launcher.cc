@@ -9,7 +9,12 @@
 // we declare the few driver types and entry points we use ourselves.
 //
 // Kernel ABI: one pointer parameter per buffer, every argument buffer in order,
-// then every result buffer in order. Nothing else.
+// then every result buffer in order (the first `buffers` of them), then the
+// row count as a long long.
+//
+// A call may carry alternative kernels of the same region (a shape family's
+// variants, e.g. rows split over several blocks for few long rows): the first
+// whose `below_rows` exceeds the actual row count runs instead of the main one.
 
 #include <dlfcn.h>
 
@@ -262,19 +267,71 @@ ffi::Error Prepare(CUstream stream, ffi::Span<const uint8_t> cubin,
   return GetOrLoad(*d, KeyView{ctx, key, kernel, block, smem}, cubin, entry);
 }
 
+// --- Variants --------------------------------------------------------------------
+
+// One kernel of the call: the main one from the scalar attributes, or an
+// alternative from the packed ones.
+struct Variant {
+  ffi::Span<const uint8_t> cubin;
+  std::string_view key;
+  int64_t below_rows, grid, block, smem, cooperative, rows_per_block, splits,
+      buffers;
+};
+
+// alt_launch packs, per alternative: below_rows, grid, block, smem,
+// cooperative, rows_per_block, splits, buffers, cubin bytes. alt_cubins holds
+// their cubins back to back; alt_keys their keys, space separated. A call
+// without alternatives carries one 0 in each (XLA's empty arrays are avoided).
+constexpr size_t kAltFields = 9;
+
+ffi::Error Alternatives(std::string_view kernel, ffi::Span<const int64_t> launch,
+                        ffi::Span<const uint8_t> cubins, std::string_view keys,
+                        std::vector<Variant>* out) {
+  const size_t n = launch.size() / kAltFields;
+  size_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t* f = launch.begin() + i * kAltFields;
+    const size_t space = keys.find(' ');
+    const std::string_view key = keys.substr(0, space);
+    keys = space == std::string_view::npos ? std::string_view() : keys.substr(space + 1);
+    if (f[8] < 1 || at + static_cast<size_t>(f[8]) > cubins.size() || key.empty())
+      return ffi::Error::InvalidArgument(Describe(kernel) + "bad alternative " +
+                                         std::to_string(i));
+    out->push_back(Variant{ffi::Span<const uint8_t>(cubins.begin() + at, f[8]),
+                           key, f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]});
+    at += static_cast<size_t>(f[8]);
+  }
+  return ffi::Error::Success();
+}
+
 // --- Stages --------------------------------------------------------------------
 
-// Initialize: load the module before execute, outside any graph capture.
+// Initialize: load the modules before execute, outside any graph capture.
 ffi::Error Initialize(CUstream stream, ffi::Span<const uint8_t> cubin,
                       std::string_view key, std::string_view kernel,
                       int64_t grid, int64_t block, int64_t smem,
                       int64_t cooperative, int64_t /*poison*/, int64_t /*rows*/,
                       int64_t /*rows_buffer*/, int64_t /*row_elems*/,
-                      int64_t /*rows_per_block*/) {
+                      int64_t /*rows_per_block*/, int64_t /*splits*/,
+                      int64_t /*buffers*/, ffi::Span<const int64_t> alt_launch,
+                      ffi::Span<const uint8_t> alt_cubins,
+                      std::string_view alt_keys) {
   const Driver* d;
   Entry entry;
-  return Prepare(stream, cubin, key, kernel, grid, block, smem, cooperative, &d,
-                 &entry);
+  if (ffi::Error e = Prepare(stream, cubin, key, kernel, grid, block, smem,
+                             cooperative, &d, &entry);
+      e.failure())
+    return e;
+  std::vector<Variant> alts;
+  if (ffi::Error e = Alternatives(kernel, alt_launch, alt_cubins, alt_keys, &alts);
+      e.failure())
+    return e;
+  for (const Variant& v : alts)
+    if (ffi::Error e = Prepare(stream, v.cubin, v.key, kernel, v.grid, v.block,
+                               v.smem, v.cooperative, &d, &entry);
+        e.failure())
+      return e;
+  return ffi::Error::Success();
 }
 
 ffi::Error Execute(CUstream stream, ffi::RemainingArgs args,
@@ -282,13 +339,10 @@ ffi::Error Execute(CUstream stream, ffi::RemainingArgs args,
                    std::string_view key, std::string_view kernel, int64_t grid,
                    int64_t block, int64_t smem, int64_t cooperative,
                    int64_t poison, int64_t rows, int64_t rows_buffer,
-                   int64_t row_elems, int64_t rows_per_block) {
-  const Driver* d;
-  Entry entry;  // loaded lazily here if initialize did not run
-  if (ffi::Error e = Prepare(stream, cubin, key, kernel, grid, block, smem,
-                             cooperative, &d, &entry);
-      e.failure())
-    return e;
+                   int64_t row_elems, int64_t rows_per_block, int64_t splits,
+                   int64_t buffers, ffi::Span<const int64_t> alt_launch,
+                   ffi::Span<const uint8_t> alt_cubins,
+                   std::string_view alt_keys) {
   // The row count: given, or read off a buffer's size (a kernel of a shape
   // family, lowered with symbolic dimensions). With rows_per_block the grid
   // is at most the given one and at most one block per row group.
@@ -311,8 +365,29 @@ ffi::Error Execute(CUstream stream, ffi::RemainingArgs args,
     }
     n_rows = count / row_elems;
   }
-  if (rows_per_block > 0)
-    grid = std::min(grid, (n_rows + rows_per_block - 1) / rows_per_block);
+  // The kernel for this row count: the first alternative made for fewer rows
+  // than `below_rows`, else the main one.
+  std::vector<Variant> alts;
+  if (ffi::Error e = Alternatives(kernel, alt_launch, alt_cubins, alt_keys, &alts);
+      e.failure())
+    return e;
+  for (const Variant& v : alts) {
+    if (n_rows < v.below_rows) {
+      cubin = v.cubin, key = v.key, grid = v.grid, block = v.block, smem = v.smem;
+      cooperative = v.cooperative, rows_per_block = v.rows_per_block;
+      splits = v.splits, buffers = v.buffers;
+      break;
+    }
+  }
+  const Driver* d;
+  Entry entry;  // loaded lazily here if initialize did not run
+  if (ffi::Error e = Prepare(stream, cubin, key, kernel, grid, block, smem,
+                             cooperative, &d, &entry);
+      e.failure())
+    return e;
+  if (rows_per_block > 0)  // one block per row group, or per slice of a split row
+    grid = std::min(grid, (n_rows * std::max<int64_t>(splits, 1) + rows_per_block - 1) /
+                              rows_per_block);
   if (grid <= 0) return ffi::Error::Success();  // empty region: nothing to do
 
   // params[i] points at the i-th device pointer. Inline storage for the usual
@@ -340,8 +415,11 @@ ffi::Error Execute(CUstream stream, ffi::RemainingArgs args,
     if (buf.has_error()) return buf.error();
     ptrs[args.size() + i] = buf.value()->untyped_data();
   }
-  for (size_t i = 0; i < n; ++i) params[i] = &ptrs[i];
-  params[n] = &n_rows;
+  // The kernel takes the first `buffers` pointers (a variant without a
+  // workspace leaves out the call's last result), then the row count.
+  const size_t used = buffers < 0 ? n : std::min(n, static_cast<size_t>(buffers));
+  for (size_t i = 0; i < used; ++i) params[i] = &ptrs[i];
+  params[used] = &n_rows;
 
   // Testing aid: fill every result with 0xFF bytes (NaN for floats) so that an
   // element the kernel forgets to write cannot pass for a right answer.
@@ -393,7 +471,12 @@ auto BindAttrs(B&& binding) {
       .template Attr<int64_t>("rows")
       .template Attr<int64_t>("rows_buffer")
       .template Attr<int64_t>("row_elems")
-      .template Attr<int64_t>("rows_per_block");
+      .template Attr<int64_t>("rows_per_block")
+      .template Attr<int64_t>("splits")
+      .template Attr<int64_t>("buffers")
+      .template Attr<ffi::Span<const int64_t>>("alt_launch")
+      .template Attr<ffi::Span<const uint8_t>>("alt_cubins")
+      .template Attr<std::string_view>("alt_keys");
 }
 
 }  // namespace

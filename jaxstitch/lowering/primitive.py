@@ -36,6 +36,9 @@ class Launch:
     rows_buffer: int = -1       # ... or read off this buffer at run time (kernels/ffi.py)
     row_elems: int = 1
     rows_per_block: int = 0     # > 0: the grid follows the row count at run time
+    splits: int = 1             # blocks sharing a row (the grid follows rows x splits)
+    buffers: int = -1           # pointers the kernel takes (-1: all; less: no workspace)
+    alternatives: tuple[ffi.Alternative, ...] = ()  # kernels for fewer rows (kernels/ffi.py)
 
 
 stitch_p = jcore.Primitive("jaxstitch_stitch")
@@ -65,7 +68,8 @@ def _launch(*args, jaxpr, launch, context):
                          kernel=launch.kernel, grid=launch.grid, block=launch.block, smem=launch.smem,
                          cooperative=launch.cooperative, poison=launch.poison, rows=launch.rows,
                          rows_buffer=launch.rows_buffer, row_elems=launch.row_elems,
-                         rows_per_block=launch.rows_per_block)
+                         rows_per_block=launch.rows_per_block, splits=launch.splits,
+                         buffers=launch.buffers, alternatives=launch.alternatives)
     return list(results)[:len(outs)]
 
 

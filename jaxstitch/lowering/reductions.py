@@ -205,18 +205,24 @@ def _variadic_warps(k: Kernel, w: Writer, op: ir.Op, bank: int, first: int):
 
 def combine_slices(k: Kernel, w: Writer, slots):
     """A split row: each block has reduced its slice; the slices' partials meet in the workspace,
-    past a grid barrier, and every block of the row combines them in slice order."""
+    past a grid barrier, and every block of the row combines them in slice order.
+
+    A round's task of a block is the same (row in round, slice) pair, so a partial's slot is the
+    block's; two sets of slots, by the parity of the barriers crossed, so that a block writing the
+    next partials never meets one still reading these (between them lies a barrier). The workspace
+    thus does not depend on the row count (shape families)."""
     offsets = {g.value_id: g.offset for g in k.plan.split_partials}
+    cap = k.m.grid_cap
     w("if (tid == 0 && row_ok) {")
     for op, kind in slots:
         o = op.outputs[0].id
         val = f"__int_as_float(p{o})" if kind == "int" else f"(float)p{o}"
-        w(f"  js_ws[{offsets[o]} + row * SPLITS + js_slice] = {val};")
+        w(f"  js_ws[{offsets[o]} + (js_round & 1u) * {cap} + blockIdx.x] = {val};")
     w("}")
     w("js_grid_sync(reinterpret_cast<unsigned int*>(ws) + 1, ++js_round * gridDim.x);")
     w("if (row_ok) {")
     def getter(o, kind):
-        at = f"js_ws + {offsets[o]} + row * SPLITS"
+        at = f"js_ws + {offsets[o]} + ((js_round - 1u) & 1u) * {cap} + (blockIdx.x / SPLITS) * SPLITS"
         return (lambda i: f"__float_as_int(__ldcg({at} + {i}))") if kind == "int" else (lambda i: f"__ldcg({at} + {i})")
 
     for op, kind in slots:

@@ -45,7 +45,8 @@ class Tuning:
     value; siblings not merged); `grid`: 0 gives column and whole-array reductions kernels of their
     own (no grid barrier next to row work); `remote`: 0 launches independent regions separately;
     `recompute`: 0 reads every input a region's neighbours write, never recomputing cheap producers
-    (recompute.py)."""
+    (recompute.py); `variants`: 0 gives a shape family's long rows no split-row kernel for few rows
+    (families.py)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -59,9 +60,10 @@ class Tuning:
     grid: int = 1
     remote: int = 1
     recompute: int = 1
+    variants: int = 1
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "fast_exp",
-              "stitch", "grid", "remote", "recompute")
+              "stitch", "grid", "remote", "recompute", "variants")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
@@ -218,7 +220,7 @@ def _most_chunks(chunk_bytes: int, most: int, least: int, per_sm: int, target: T
     return 0
 
 
-def _splits(n: int, c: int, vec: int, target: Target) -> int:
+def split_count(n: int, c: int, vec: int, target: Target) -> int:
     """Blocks per row for few long rows: about one (row, slice) task per SM (67 rows: 2). Two per SM
     measured slower (H200, softmax fwd+bwd over 32 rows of 256k, 8 slices against 4: bfloat16 38.6
     against 33.6 us, float32 66 against 60): more barrier arrivals, and a smaller share of each
@@ -252,7 +254,7 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     # Few long rows: each split over several blocks (JAXSTITCH_TUNE splits=1 never splits).
     if chunks > 1 and splittable and not col_partials and tuning.splits != 1:
         # (a forced K is kept to the SMs: a round of tasks must hold a whole row)
-        splits = min(tuning.splits, target.sm_count) if tuning.splits else _splits(n, c, vec, target)
+        splits = min(tuning.splits, target.sm_count) if tuning.splits else split_count(n, c, vec, target)
         if splits > 1:
             slice_cols = math.ceil(c / splits / vec) * vec  # slices start on a vector
             splits = math.ceil(c / slice_cols)

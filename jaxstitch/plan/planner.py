@@ -178,24 +178,17 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
             reductions.append(GridReduction(op.outputs[0].id, offset, size))
             offset += mp.grid_cap * size
         splits = []
-        if mp.splits > 1:
+        if mp.splits > 1:  # a slot per block, twice (by barrier parity): the same for any row count
             for op in row_reductions:
-                splits.append(GridReduction(op.outputs[0].id, offset, mp.n_rows * mp.splits))
-                offset += mp.n_rows * mp.splits
+                splits.append(GridReduction(op.outputs[0].id, offset, 2 * mp.grid_cap))
+                offset += 2 * mp.grid_cap
         ws = offset * 4 if mp.cooperative else 0
         kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits), online,
                             bool(tuning.fast_exp) and fast_exp(region))
     except Unplannable as e:
         return RegionPlan(original, None, None, str(e))
     busy_sms = min(target.sm_count, mp.grid)
-    split_rounds = -(-mp.n_rows * mp.splits // mp.grid) if mp.splits > 1 else 0
-    full_gathers = any(op.prim == GATHER and layout.of(op.outputs[0]).storage == FULL for op in region.ops)
-    est = cost.estimate(layout, [v for v in region.inputs if layout.of(v).storage != MEMORY], region.outputs,
-                        len(grid_ops), ws, target, gathered_bytes=_gathered_bytes(region, layout),
-                        rereads=mp.stash == mapping_mod.GLOBAL, busy_sms=busy_sms, split_rounds=split_rounds,
-                        n_scans=len(scans), views_after_reduction=_views_after_reduction(original),
-                        gather_compute_ops=_computing_ops(region) if full_gathers else 0,
-                        xla_row_levels=cost.reduction_levels(place(region, frozenset())) if online else None)
+    est = _estimate(kernel, original, target)
     gain = min_gain(tuning)
     idle = None
     if est.speedup < gain and cost.SM_OVERDRIVE * busy_sms < target.sm_count:
@@ -203,6 +196,31 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                 f"{mp.rows_per_block} per block{', ' + str(mp.splits) + ' blocks per row' if mp.splits > 1 else ''}): "
                 f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
     return RegionPlan(original, kernel, est, _decline_reason(region, est, gain, idle, tuning.min_gain_pct is not None))
+
+
+def _estimate(kernel: KernelPlan, original: Region, target: Target) -> cost.Estimate:
+    region, layout, mp = kernel.region, kernel.layout, kernel.mapping
+    scans = [op for op in region.ops if op.prim in opdefs.SCANS]
+    split_rounds = -(-mp.n_rows * mp.splits // mp.grid) if mp.splits > 1 else 0
+    full_gathers = any(op.prim == GATHER and layout.of(op.outputs[0]).storage == FULL for op in region.ops)
+    return cost.estimate(layout, [v for v in region.inputs if layout.of(v).storage != MEMORY], region.outputs,
+                         len(kernel.grid_reductions), kernel.workspace_bytes, target,
+                         gathered_bytes=_gathered_bytes(region, layout), rereads=mp.stash == mapping_mod.GLOBAL,
+                         busy_sms=min(target.sm_count, mp.grid), split_rounds=split_rounds,
+                         n_scans=len(scans), views_after_reduction=_views_after_reduction(original),
+                         gather_compute_ops=_computing_ops(region) if full_gathers else 0,
+                         xla_row_levels=cost.reduction_levels(place(region, frozenset())) if kernel.online else None)
+
+
+def estimate_rows(plan: RegionPlan, n_rows: int, target: Target) -> cost.Estimate:
+    """The cost model's estimate of `plan`'s kernel run over `n_rows` rows (its grid following them,
+    as a shape family's launch does): which of a family's kernels suits a row count (families.py)."""
+    kernel = plan.kernel
+    mp = kernel.mapping
+    grid = max(1, min(-(-n_rows * mp.splits // mp.rows_per_block), mp.grid_cap))
+    kernel = dataclasses.replace(kernel, layout=dataclasses.replace(kernel.layout, n_rows=n_rows),
+                                 mapping=dataclasses.replace(mp, n_rows=n_rows, grid=grid))
+    return _estimate(kernel, plan.region, target)
 
 
 def _views_after_reduction(region: Region) -> bool:

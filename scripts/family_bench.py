@@ -1,0 +1,74 @@
+"""A shape family's kernels at the row counts a server sees: per-token statistics over a vocabulary
+(a language model's log-softmax head), exported once with symbolic batch and sequence.
+
+    python scripts/family_bench.py            # a GPU machine with torch (its CUPTI profiler)
+
+Three programs, in this process on the same inputs: jax.jit compiled for each shape; the exported
+family with one mapping (a block per row, JAXSTITCH_TUNE=variants=0); the exported family whose
+launcher runs a split-row variant below the row count where the cost model expects it to win.
+Times are GPU time per call (first kernel's start to last one's end, CUPTI, median of calls):
+at these sizes a call's wall time is jax's dispatch, the same for all three. Table printed last.
+"""
+import os
+import statistics
+import sys
+import time
+
+import torch  # noqa: F401  (first: device_time's CUPTI profiler shares its CUDA context with jax)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "scripts")]
+
+import jaxstitch  # noqa: E402
+from device_time import one_call  # noqa: E402
+from test_families import token_stats  # noqa: E402
+
+CASES = ((30522, (1, 8, 64, 512, 4096)), (262144, (1, 8, 32, 60, 61, 128, 512)))
+CALLS = 7
+
+
+def export(vocab: int, tune: str):
+    os.environ["JAXSTITCH_TUNE"] = tune
+    try:
+        b, s = jax.export.symbolic_shape("b, s")
+        spec = jax.ShapeDtypeStruct((b, s, vocab), jnp.float32)
+        exp = jax.export.export(jaxstitch.jit(token_stats), platforms=["cuda"],
+                                disabled_checks=jaxstitch.disabled_checks())(spec)
+        (region,) = jaxstitch.explain(token_stats, spec).regions
+    finally:
+        del os.environ["JAXSTITCH_TUNE"]
+    return jax.jit(exp.call), region
+
+
+def gpu_us(f, x) -> float:
+    return statistics.median(one_call(f, [x])[0] for _ in range(CALLS))
+
+
+def main():
+    rows_out = []
+    for vocab, row_counts in CASES:
+        one, region = export(vocab, "variants=0")
+        split, region_v = export(vocab, "")
+        print(f"vocab {vocab}: {region.mapping}; variants: {region_v.variants or 'none'}", flush=True)
+        ref = jax.jit(token_stats)
+        for rows in row_counts:
+            x = jax.random.normal(jax.random.key(rows), (1, rows, vocab), jnp.float32) * 3
+            for f in (one, split):
+                for g, w in zip(f(x), ref(x)):
+                    assert float(jnp.max(jnp.abs(g - w))) < 1e-4 * (1 + float(jnp.max(jnp.abs(w))))
+            us = [gpu_us(f, x) for f in (ref, one, split)]
+            rows_out.append((vocab, rows, *us))
+            print(vocab, rows, [f"{u:.1f}" for u in us], flush=True)
+    print(f"\n{jax.devices()[0].device_kind}, {time.strftime('%Y-%m-%d %H:%M')}, float32, GPU us per call "
+          f"(CUPTI, median of {CALLS})")
+    print("| vocab | rows | jax.jit | family, one mapping | family + split variant | vs jax.jit | vs one mapping |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for v, r, a, b, c in rows_out:
+        print(f"| {v} | {r} | {a:.1f} | {b:.1f} | {c:.1f} | {a / c:.2f}x | {b / c:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
