@@ -208,18 +208,17 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
     plan = plan_region(a.plan.region, target, forced.tuning)
     if plan.kernel is None or plan.kernel.mapping.splits < 2:
         return ()
-    below = 1  # the first row count where the split kernel is not expected to win
-    while below <= target.sm_count * m.rows_per_block and (
-            estimate_rows(plan, below, target).us < estimate_rows(a.plan, below, target).us):
-        below += 1
-    if below == 1:
-        return ()
+    if estimate_rows(plan, 1, target).us >= estimate_rows(a.plan, 1, target).us:
+        return ()  # (not even for one row)
     va, vb = (pipeline.compile_region(c.plan.region, target, forced) for c in (a, b))
     if _differs(va, vb) is not None or va.plan.kernel.mapping.splits < 2:
-        log.info("region %d: no split-row variant below %d rows (%s)", a.plan.region.id, below,
-                 _differs(va, vb) or "not split")
+        log.info("region %d: no split-row variant (%s)", a.plan.region.id, _differs(va, vb) or "not split")
         return ()
-    return ((below, va),)
+    below = 1  # the first row count where the split kernel is not expected to win, its grid as
+    while below <= target.sm_count * m.rows_per_block and (  # many blocks as its registers let reside
+            estimate_rows(va.plan, below, target, va.registers).us < estimate_rows(a.plan, below, target).us):
+        below += 1
+    return ((below, va),) if below > 1 else ()
 
 
 def _rows_source(a: Compiled, b: Compiled) -> tuple[int, int] | None:

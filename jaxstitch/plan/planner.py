@@ -212,12 +212,15 @@ def _estimate(kernel: KernelPlan, original: Region, target: Target) -> cost.Esti
                          xla_row_levels=cost.reduction_levels(place(region, frozenset())) if kernel.online else None)
 
 
-def estimate_rows(plan: RegionPlan, n_rows: int, target: Target) -> cost.Estimate:
+def estimate_rows(plan: RegionPlan, n_rows: int, target: Target, registers: int | None = None) -> cost.Estimate:
     """The cost model's estimate of `plan`'s kernel run over `n_rows` rows (its grid following them,
-    as a shape family's launch does): which of a family's kernels suits a row count (families.py)."""
+    as a shape family's launch does): which of a family's kernels suits a row count (families.py).
+    `registers` (a thread's, as compiled) bounds a cooperative grid to the blocks resident at once."""
     kernel = plan.kernel
     mp = kernel.mapping
     grid = max(1, min(-(-n_rows * mp.splits // mp.rows_per_block), mp.grid_cap))
+    if mp.cooperative and registers:
+        grid = min(grid, max(1, target.blocks_by_registers(mp.block, registers)) * target.sm_count)
     kernel = dataclasses.replace(kernel, layout=dataclasses.replace(kernel.layout, n_rows=n_rows),
                                  mapping=dataclasses.replace(mp, n_rows=n_rows, grid=grid))
     return _estimate(kernel, plan.region, target)
