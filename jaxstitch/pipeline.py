@@ -39,6 +39,7 @@ class Compiled:
     # e.g. rows split over several blocks where too few rows would leave SMs idle. The launcher
     # picks by the row count at run time.
     variants: tuple[tuple[int, "Compiled"], ...] = ()
+    xla_below: int = 0  # a family member: below this many rows XLA's kernels run instead (families.py)
 
     @property
     def stitched(self) -> bool:

@@ -29,7 +29,7 @@ class RegionReport:
     registers: int | None = None      # per thread, as compiled
     alternatives: tuple[str, ...] = ()  # mappings compiled first, and why each lost
     where: str = ""                   # the control-flow body holding the region ("" at top level)
-    variants: tuple[str, ...] = ()    # a family's kernels for fewer rows: "below N rows: mapping"
+    variants: tuple[str, ...] = ()    # a family's kernels for fewer rows: "below N rows: mapping" (or XLA's)
 
     @property
     def name(self) -> str:
@@ -103,7 +103,8 @@ def make_report(program: Program, cache: Stats | None = None, symbolic: bool = F
             xla_kernels=est.xla_kernels if est else None, xla_est_us=est.xla_us if est else None,
             reason=c.reason, cache_key=c.key, smem_bytes=m.smem_bytes if m else None,
             registers=c.registers, alternatives=c.tried, where=where,
-            variants=tuple(f"below {n} rows: {v.plan.kernel.description}" for n, v in c.variants)))
+            variants=(((f"below {c.xla_below} rows: XLA's kernels",) if c.xla_below else ())
+                      + tuple(f"below {n} rows: {v.plan.kernel.description}" for n, v in c.variants))))
     seen = []
     for p in _programs(program):
         ops = p.traced.graph.ops

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import math
 
 import jax
+import jax.numpy as jnp
 
 from . import families, ir, trace as trace_mod
 from .config import Config
@@ -101,7 +103,7 @@ def make_runner(program: Program, context: Context):
             r = c.plan.region
             region_eqns = [traced.eqns[op.index] for op in r.ops]
             closed = trace_mod.region_jaxpr(region_eqns, r.inputs, r.outputs, traced.consts)
-            region_fns[rid] = (r, closed, _launch(c, poison))
+            region_fns[rid] = (r, closed, _launch(c, poison), c.xla_below)
 
     eqns = {i: _with_stitched_bodies(traced.eqns[i], program, i, context)
             for (kind, i), _ in schedule if kind == "e"}
@@ -121,13 +123,33 @@ def make_runner(program: Program, context: Context):
                 for v, o in zip(eqn.outputs, outs):
                     env[v.id] = o
             else:
-                r, closed, launch = region_fns[idx]
-                outs = stitch([read(v) for v in r.inputs], jaxpr=closed, launch=launch, context=context)
+                r, closed, launch, xla_below = region_fns[idx]
+                args = [read(v) for v in r.inputs]
+                outs = stitch(args, jaxpr=closed, launch=launch, context=context) if not xla_below else \
+                    _xla_below(args, closed, launch, xla_below, context)
                 for v, o in zip(r.outputs, outs):
                     env[v.id] = o
         return [read(a) for a in traced.graph.outputs]
 
     return run
+
+
+def _xla_below(args, closed, launch: Launch, bound: int, context: Context) -> list:
+    """A family member's results: its jaxpr (XLA's kernels) when there are fewer rows than `bound`,
+    else our kernel. With symbolic sizes this is a conditional on the row count, which XLA resolves
+    when it compiles the program for actual sizes."""
+    shape = ([a.shape for a in args] + [o.shape for o in closed.out_avals])[launch.rows_buffer]
+    rows = math.prod(shape) // launch.row_elems
+
+    def ours(*a):
+        return stitch(list(a), jaxpr=closed, launch=launch, context=context)
+
+    def theirs(*a):
+        return trace_mod.jaxpr_as_fun(closed)(*a)
+
+    if isinstance(rows, int):
+        return (theirs if rows < bound else ours)(*args)
+    return jax.lax.cond(jnp.asarray(rows) < bound, theirs, ours, *args)
 
 
 def _with_stitched_bodies(eqn, program: Program, index: int, context: Context):

@@ -85,12 +85,13 @@ def test_long_rows_get_a_split_row_variant_for_few_rows(fresh_cache, monkeypatch
     """A family of long rows runs a block per row; below the row count where the planner would split
     rows (too few to give every SM one), a variant splits each row over several blocks, launched
     instead. Its source is the same at both samples: its workspace does not grow with the rows."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", "variants=1")  # (opt-in)
     b, s = jax.export.symbolic_shape("b, s")
     spec = jax.ShapeDtypeStruct((b, s, VOCAB), jnp.float32)
     rep = jaxstitch.explain(token_stats, spec, target="h100")  # (the target _export plans for)
     (region,) = rep.regions
     assert region.stitched and "rows split" not in region.mapping
-    (variant,) = region.variants
+    (variant,) = [v for v in region.variants if "XLA" not in v]
     below = int(re.match(r"below (\d+) rows: .*rows split over (\d+) blocks", variant).group(1))
     assert 8 < below <= 132  # fewer rows than SMs
     assert "below" in str(rep) and rep.cache.nvrtc_compiles == 2
@@ -100,10 +101,27 @@ def test_long_rows_get_a_split_row_variant_for_few_rows(fresh_cache, monkeypatch
     call = re.search(r"custom_call @jaxstitch_launch\(.*", exp.mlir_module()).group(0)
     alt = re.search(r"alt_launch = dense<\[([^\]]*)\]>", call).group(1).split(",")
     assert int(alt[0]) == below and int(alt[6]) > 1 and len(alt) == 9  # below_rows ... splits ... bytes
-    # JAXSTITCH_TUNE=variants=0: the member alone
-    monkeypatch.setenv("JAXSTITCH_TUNE", "variants=0")
+    # by default: the member alone
+    monkeypatch.delenv("JAXSTITCH_TUNE")
     (plain,) = jaxstitch.explain(token_stats, spec, target="h200").regions
-    assert plain.stitched and plain.variants == () and plain.cache_key == region.cache_key
+    assert plain.stitched and plain.cache_key == region.cache_key
+    assert all("XLA" in v for v in plain.variants)
+
+
+def test_xla_runs_a_long_row_family_below_its_row_bound(fresh_cache):
+    """One row of a 262144 vocabulary: XLA spreads it over the GPU, our family kernel gives it one
+    block (9 vs 32 us, H200). The exported program holds a conditional on the row count: XLA's
+    kernels below the bound the cost model sets, ours above; a 30522 vocabulary needs none."""
+    b, s = jax.export.symbolic_shape("b, s")
+    exp = _export(token_stats, [jax.ShapeDtypeStruct((b, s, 262144), jnp.float32)], ["cpu", "cuda"])
+    text = exp.mlir_module()
+    assert "jaxstitch_launch(" in text and "stablehlo.case" in text
+    short = _export(token_stats, [jax.ShapeDtypeStruct((b, s, 30522), jnp.float32)], ["cuda"])
+    assert "stablehlo.case" not in short.mlir_module()
+    for batch, seq in ((1, 1), (2, 40)):  # (on CPU both branches are XLA's: the results hold)
+        x = jax.random.normal(jax.random.key(seq), (batch, seq, 262144))
+        for got, want in zip(exp.call(x), jax.jit(token_stats)(x)):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_symbolic_sizes_evaluate_like_jax():

@@ -14,7 +14,7 @@ import jaxstitch
 from jaxstitch import workloads
 from jaxstitch.kernels import cache
 from strategies import force_stitching
-from test_families import NO_CHECK, VOCAB, block, specs, token_stats
+from test_families import NO_CHECK, block, specs, token_stats
 from test_gpu_correctness import compare
 
 pytestmark = pytest.mark.gpu
@@ -52,23 +52,26 @@ def test_one_cubin_runs_every_row_count(name, monkeypatch):
         check(1)
 
 
-def test_split_row_variant_below_its_row_count(monkeypatch):
-    """Per-token statistics over a long vocabulary (131072), exported with symbolic batch and sequence:
-    row counts on both sides of the split-row variant's bound (launcher picks by the actual rows),
-    each against jax.jit with outputs poisoned."""
+def test_family_kernels_picked_by_row_count(monkeypatch):
+    """Per-token statistics over a 262144 vocabulary, exported with symbolic batch and sequence, the
+    split-row variant asked for: row counts on each side of each bound (XLA's kernels below the
+    first, then the split variant the launcher picks, then the family kernel), each against jax.jit
+    with outputs poisoned."""
     pytest.importorskip("flatbuffers")
     monkeypatch.setenv("JAXSTITCH_POISON", "1")
+    monkeypatch.setenv("JAXSTITCH_TUNE", "variants=1")  # (opt-in)
     b, s = jax.export.symbolic_shape("b, s")
-    spec = jax.ShapeDtypeStruct((b, s, VOCAB), jax.numpy.float32)
+    spec = jax.ShapeDtypeStruct((b, s, 262144), jax.numpy.float32)
     (region,) = jaxstitch.explain(token_stats, spec).regions
-    below = int(region.variants[0].split()[1])
+    bounds = [int(v.split()[1]) for v in region.variants]
+    assert region.stitched and bounds, region
     exp = jax.export.export(jaxstitch.jit(token_stats), platforms=["cuda"], disabled_checks=NO_CHECK)(spec)
     call = jax.jit(exp.call)
-    for batch, seq in ((1, 1), (1, 8), (2, (below - 1) // 2), (1, below - 1), (1, below), (3, 50), (8, 128)):
-        x = jax.random.normal(jax.random.key(batch * 1000 + seq), (batch, seq, VOCAB)) * 3
+    for rows in sorted({1, 3, 100} | {r for n in bounds for r in (n - 1, n)}):
+        x = jax.random.normal(jax.random.key(rows), (1, rows, 262144)) * 3
         got, want = call(x), jax.jit(token_stats)(x)
         for i, (g, w) in enumerate(zip(got, want)):
-            compare(g, w, f"token_stats {batch}x{seq} ({batch * seq} rows, variant below {below}) output {i}")
+            compare(g, w, f"token_stats {rows} rows ({region.variants}) output {i}")
 
 
 _RUN_EXPORTED = textwrap.dedent("""

@@ -45,8 +45,8 @@ class Tuning:
     value; siblings not merged); `grid`: 0 gives column and whole-array reductions kernels of their
     own (no grid barrier next to row work); `remote`: 0 launches independent regions separately;
     `recompute`: 0 reads every input a region's neighbours write, never recomputing cheap producers
-    (recompute.py); `variants`: 0 gives a shape family's long rows no split-row kernel for few rows
-    (families.py)."""
+    (recompute.py); `variants`: 1 gives a shape family's long rows a split-row kernel for few rows
+    (families.py; off by default: measured slower than the model expects, session 15)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -60,7 +60,7 @@ class Tuning:
     grid: int = 1
     remote: int = 1
     recompute: int = 1
-    variants: int = 1
+    variants: int = 0
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants")
