@@ -112,7 +112,8 @@ def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | N
         member = _member(a, b, traced, ops, values)
         if member.stitched:
             variants = _few_rows_variants(a, b, target, cfg)
-            xla_below = _xla_below(a, variants, target)
+            # (JAXSTITCH_TUNE's min_gain_pct: the cost model's verdict overridden, the kernel kept)
+            xla_below = 0 if cfg.tuning.min_gain_pct is not None else _xla_below(a, variants, target)
             member = dataclasses.replace(member, xla_below=xla_below,
                                          variants=tuple(v for v in variants if v[0] > xla_below))
         regions.append(member)

@@ -642,13 +642,17 @@ def force_stitching():
             plan = dataclasses.replace(plan, reason=None)
         return plan
 
-    # (the veto on kernels with too few resident warps, taken after NVRTC, is the cost model's too)
-    min_warps = pipeline.MIN_RESIDENT_WARPS
+    # (the veto on kernels with too few resident warps, taken after NVRTC, is the cost model's too,
+    # as is a shape family's row count below which XLA runs the region)
+    from jaxstitch import families
+    min_warps, xla_below = pipeline.MIN_RESIDENT_WARPS, families._xla_below
     pipeline.plan_region, pipeline.MIN_RESIDENT_WARPS = plan_without_cost_veto, 0
+    families._xla_below = lambda *args: 0
     try:
         yield
     finally:
         pipeline.plan_region, pipeline.MIN_RESIDENT_WARPS = original, min_warps
+        families._xla_below = xla_below
 
 
 def assert_same_as_jax_jit(fun, args):
