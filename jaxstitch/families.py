@@ -215,8 +215,9 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
     if estimate_rows(plan, 1, target).us >= estimate_rows(a.plan, 1, target).us:
         return ()  # (not even for one row)
     va, vb = (pipeline.compile_region(c.plan.region, target, forced) for c in (a, b))
-    if _differs(va, vb) is not None or va.plan.kernel.mapping.splits < 2:
-        log.info("region %d: no split-row variant (%s)", a.plan.region.id, _differs(va, vb) or "not split")
+    why = _differs(va, vb) or (None if va.plan.kernel.mapping.splits > 1 else "not split")
+    if why is not None:
+        log.info("region %d: no split-row variant (%s)", a.plan.region.id, why)
         return ()
     # the first row count (of a few) where the split kernel is not expected to win, its grid as many
     # blocks as its registers let reside
@@ -253,9 +254,9 @@ def _xla_below(a: Compiled, variants, target: Target) -> int:
     when it compiles the program for actual sizes)."""
     m = a.plan.kernel.mapping
     for n in _row_counts(target.sm_count * m.rows_per_block):
-        ours = min([estimate_rows(a.plan, n, target).us] + [
-            _variant_us(v, n, target) for below, v in variants if n < below])
-        if ours < estimate_rows(a.plan, n, target).xla_us:
+        est = estimate_rows(a.plan, n, target)
+        ours = min([est.us] + [_variant_us(v, n, target) for below, v in variants if n < below])
+        if ours < est.xla_us:
             return 0 if n == 1 else n
     return target.sm_count * m.rows_per_block + 1
 

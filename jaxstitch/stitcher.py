@@ -38,17 +38,22 @@ def _launch(c: Compiled, poison: bool) -> Launch:
     if not c.variants:
         return launch
     # One workspace for whichever kernel runs: the largest; a kernel without one leaves it out.
-    r = c.plan.region
-    alts = tuple(_alternative(below, v, len(r.inputs) + len(r.outputs)) for below, v in c.variants)
+    alts = tuple(_alternative(below, v) for below, v in c.variants)
     ws = max([launch.workspace_bytes] + [v.plan.kernel.workspace_bytes for _, v in c.variants])
-    return dataclasses.replace(launch, workspace_bytes=ws, alternatives=alts,
-                               buffers=-1 if m.cooperative else len(r.inputs) + len(r.outputs))
+    return dataclasses.replace(launch, workspace_bytes=ws, alternatives=alts, buffers=_buffers(c))
 
 
-def _alternative(below_rows: int, v: Compiled, n_buffers: int) -> ffi.Alternative:
+def _buffers(c: Compiled) -> int:
+    """Pointers the kernel takes before its row count: the region's inputs and outputs, then its
+    workspace if it crosses grid barriers."""
+    r = c.plan.region
+    return len(r.inputs) + len(r.outputs) + int(c.plan.kernel.mapping.cooperative)
+
+
+def _alternative(below_rows: int, v: Compiled) -> ffi.Alternative:
     m = v.plan.kernel.mapping
     return ffi.Alternative(below_rows, v.cubin, v.key, m.grid_cap, m.block, m.smem_bytes, m.cooperative,
-                           m.rows_per_block, m.splits, n_buffers + (1 if m.cooperative else 0))
+                           m.rows_per_block, m.splits, _buffers(v))
 
 
 def _schedule(program: Program):
@@ -126,7 +131,7 @@ def make_runner(program: Program, context: Context):
                 r, closed, launch, xla_below = region_fns[idx]
                 args = [read(v) for v in r.inputs]
                 outs = stitch(args, jaxpr=closed, launch=launch, context=context) if not xla_below else \
-                    _xla_below(args, closed, launch, xla_below, context)
+                    _ours_or_xla(args, closed, launch, xla_below, context)
                 for v, o in zip(r.outputs, outs):
                     env[v.id] = o
         return [read(a) for a in traced.graph.outputs]
@@ -134,7 +139,7 @@ def make_runner(program: Program, context: Context):
     return run
 
 
-def _xla_below(args, closed, launch: Launch, bound: int, context: Context) -> list:
+def _ours_or_xla(args, closed, launch: Launch, bound: int, context: Context) -> list:
     """A family member's results: its jaxpr (XLA's kernels) when there are fewer rows than `bound`,
     else our kernel. With symbolic sizes this is a conditional on the row count, which XLA resolves
     when it compiles the program for actual sizes."""

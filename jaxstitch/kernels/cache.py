@@ -56,7 +56,7 @@ def cache_key(source: str, arch: str) -> str:
 
 def prefetch(source: str, arch: str, cache_dir: str | None):
     """Starts `get_cubin` in the background; a later get_cubin of the same source waits for it
-    (and counts as a memory hit). Errors surface there."""
+    (counted once, as the compile or disk hit it was). Errors surface there."""
     key = cache_key(source, arch)
     with _CACHE.lock:
         if key in _CACHE.memory or key in _IN_FLIGHT:
