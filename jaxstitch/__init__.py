@@ -9,6 +9,7 @@ from .kernels import ffi as _ffi
 from .families import build_stats  # noqa: F401
 from .kernels.cache import stats as cache_stats  # noqa: F401
 from . import transforms as _transforms  # noqa: F401  (the stitch primitive's grad / vmap rules)
+from .spmd import lowering as _spmd_lowering  # noqa: F401  (its lowering over several devices)
 from .targets import TARGETS, Target, get_target  # noqa: F401
 
 __version__ = "0.1.0"

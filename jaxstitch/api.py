@@ -45,20 +45,26 @@ def _split_dynamic(args, kwargs):
 
 
 def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=None, donate_argnums=None,
-        target=None):
+        in_shardings=None, out_shardings=None, target=None):
     """Like `jax.jit`, with the memory-bound regions of `fun` stitched into our own CUDA kernels.
 
     On a machine without a CUDA GPU (and no `target`), this is exactly `jax.jit(fun)`.
     `target` ("h100", "h200", ...) plans for that GPU even elsewhere: handy to exercise the whole
-    pipeline on a CPU, where the stitched regions then run through XLA.
+    pipeline on a CPU, where the stitched regions then run through XLA. `in_shardings` and
+    `out_shardings` are `jax.jit`'s: over several devices, each runs kernels planned for its shards
+    (spmd/).
     """
     if fun is None:
         return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames,
-                                 donate_argnums=donate_argnums, target=target)
+                                 donate_argnums=donate_argnums, in_shardings=in_shardings,
+                                 out_shardings=out_shardings, target=target)
     _check_fun(fun, "jaxstitch.jit")
     tgt = _resolve_target(target, "jaxstitch.jit")
     jit_kwargs = dict(static_argnums=static_argnums, static_argnames=static_argnames,
                       donate_argnums=donate_argnums)
+    for name, val in (("in_shardings", in_shardings), ("out_shardings", out_shardings)):
+        if val is not None:  # (jax.jit's own default is a sentinel, so only pass what was given)
+            jit_kwargs[name] = val
     cfg = config.load()
     if cfg.disabled:
         return jax.jit(fun, **jit_kwargs)

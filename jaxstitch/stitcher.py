@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import logging
 import math
 
 import jax
@@ -15,6 +16,8 @@ from .lowering.codegen import KERNEL_NAME
 from .lowering.primitive import Launch, stitch
 from .pipeline import Compiled, Program
 from .targets import Target
+
+log = logging.getLogger("jaxstitch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,3 +175,14 @@ def restitch(fun, args, context: Context) -> list:
     body: for a region after a transformation (transforms.py)."""
     program = families.build_any(fun, list(args), trace_mod.positional_tree(args), context.target, context.cfg)
     return list(make_runner(program, context)(*args))
+
+
+def restitch_or_xla(fun, args, context: Context, what: str) -> list:
+    """restitch(fun, args), or on a failure in planning it, fun's own primitives (XLA), logged: a
+    region planned again (after a transformation, or for one device's shards) must never break the
+    program."""
+    try:
+        return restitch(fun, args, context)
+    except Exception as e:  # noqa: BLE001
+        log.warning("a region's %s is left to XLA: %s: %s", what, type(e).__name__, e)
+        return list(fun(*args))

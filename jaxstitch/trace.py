@@ -149,6 +149,12 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
     return Traced(graph, eqns, consts, out_tree_box[0])
 
 
+def from_closed(closed) -> Traced:
+    """A closed jaxpr (a region's, say) as a Traced of positional arguments."""
+    graph, eqns, consts = _flatten(closed)
+    return Traced(graph, eqns, consts, jax.tree_util.tree_structure(list(graph.outputs)))
+
+
 def positional_tree(args: Sequence[Any]):
     """The `in_tree` of a call `fun(*args)` with flat positional arrays (for `trace`)."""
     return jax.tree_util.tree_structure((tuple(args), {}))

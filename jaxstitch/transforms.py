@@ -16,7 +16,6 @@ and stitched in turn, instead of falling back to the region's primitives:
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import Sequence
 
 import jax
@@ -26,10 +25,7 @@ from jax.interpreters import ad, batching
 from . import ir, trace as trace_mod
 from .lowering.primitive import stitch_p
 from .families import sample_size
-from .stitcher import restitch
-
-log = logging.getLogger("jaxstitch")
-
+from .stitcher import restitch_or_xla
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Unzipped:
@@ -113,10 +109,10 @@ def _jvp(primals, tangents, *, jaxpr, launch, context):
     live_tangents = args[n:]
     traced = trace_mod.trace(jvp_fun, args, trace_mod.positional_tree(args))
     parts = unzip(traced, [False] * n + [True] * len(live_tangents))
-    known = _restitch(parts.known, list(primals), context, "JVP (primal part)")
+    known = restitch_or_xla(parts.known, list(primals), context, "JVP (primal part)")
     n_known = sum(not u for u in parts.unknown_outputs)
     known_outs, residuals = known[:n_known], known[n_known:]
-    linear_outs = (_restitch(parts.linear, [*residuals, *live_tangents], context, "JVP (linear part)")
+    linear_outs = (restitch_or_xla(parts.linear, [*residuals, *live_tangents], context, "JVP (linear part)")
                    if any(parts.unknown_outputs) else [])
     ko, lo = iter(known_outs), iter(linear_outs)
     outs = [next(lo) if u else next(ko) for u in parts.unknown_outputs]
@@ -159,24 +155,15 @@ def _transpose(cts, *args, jaxpr, launch, context):
         return list(vjp(list(ct)))
 
     ct_used = [c for c, u in zip(cts, used) if u]
-    ct_in = iter(_restitch(backward, [*fixed, *ct_used], context, "transpose"))
+    ct_in = iter(restitch_or_xla(backward, [*fixed, *ct_used], context, "transpose"))
     return [next(ct_in) if lin else None for lin in linear]
 
 
 def _batch(args, dims, *, jaxpr, launch, context):
     axes = tuple(d if isinstance(d, int) else None for d in dims)  # not mapped: None
     fun = jax.vmap(trace_mod.jaxpr_as_fun(jaxpr), in_axes=axes)
-    outs = _restitch(lambda *a: list(fun(*a)), list(args), context, "batching")
+    outs = restitch_or_xla(lambda *a: list(fun(*a)), list(args), context, "batching")
     return outs, [0] * len(outs)
-
-
-def _restitch(fun, args, context, what: str) -> list:
-    """restitch(fun, args), or on a failure in planning it, fun's own primitives (XLA), logged."""
-    try:
-        return restitch(fun, args, context)
-    except Exception as e:  # noqa: BLE001 - planning a transformed region must never break the program
-        log.warning("a region's %s is left to XLA: %s: %s", what, type(e).__name__, e)
-        return list(fun(*args))
 
 
 ad.primitive_jvps[stitch_p] = _jvp

@@ -2,6 +2,8 @@
 
 * Tests marked `@pytest.mark.gpu` (the marker is declared in pyproject.toml) are skipped, with the reason
   "needs an NVIDIA GPU", when `jax.devices()` holds no GPU.
+* The CPU backend shows four devices (`--xla_force_host_platform_device_count=4`, set before JAX
+  starts), so the sharding tests (test_spmd.py) run their mesh on a CPU-only machine.
 * The whole session uses a fresh temporary JAXSTITCH_CACHE_DIR, so tests never read or write the user's
   kernel cache; JAXSTITCH_DISABLE and JAXSTITCH_DUMP_DIR from the caller's environment are cleared (tests
   that want them set them with monkeypatch).
@@ -17,6 +19,10 @@ import pytest
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:  # `import strategies` from the test modules
     sys.path.insert(0, TESTS_DIR)
+
+HOST_DEVICES = "--xla_force_host_platform_device_count=4"
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + HOST_DEVICES).strip()
 
 GPU_SKIP_REASON = "needs an NVIDIA GPU"
 _ENV_CLEARED = ("JAXSTITCH_DISABLE", "JAXSTITCH_DUMP_DIR")

@@ -73,16 +73,17 @@ def _launch(*args, jaxpr, launch, context):
     return list(results)[:len(outs)]
 
 
-_fallback_rule = mlir.lower_fun(_evaluate, multiple_results=True)
-_launch_rule = mlir.lower_fun(_launch, multiple_results=True)
+fallback_rule = mlir.lower_fun(_evaluate, multiple_results=True)
+launch_rule = mlir.lower_fun(_launch, multiple_results=True)
 
 
-def _cuda_rule(ctx, *args, jaxpr, launch, context):
-    rule = _fallback_rule if launch is None else _launch_rule
+# (spmd/lowering.py registers these again, wrapped for programs partitioned over several devices)
+def cuda_rule(ctx, *args, jaxpr, launch, context):
+    rule = fallback_rule if launch is None else launch_rule
     return rule(ctx, *args, jaxpr=jaxpr, launch=launch, context=context)
 
 
 stitch_p.def_impl(_impl)
 stitch_p.def_abstract_eval(_abstract_eval)
-mlir.register_lowering(stitch_p, _fallback_rule)
-mlir.register_lowering(stitch_p, _cuda_rule, platform="cuda")
+mlir.register_lowering(stitch_p, fallback_rule)
+mlir.register_lowering(stitch_p, cuda_rule, platform="cuda")

@@ -1,0 +1,204 @@
+"""Stitched regions under sharding, on the CPU's four host devices (conftest.py).
+
+On a CPU the stitched kernels run through XLA, but every step of the sharded path runs as on a GPU:
+the Shardy rule, the partition callback placing factors on the mesh, the region planned again for
+one device's shards with collectives after reductions over a split factor. Each test compares with
+`jax.jit` on the same sharded inputs and counts the collectives in both compiled programs.
+"""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jaxstitch
+from jaxstitch import trace as trace_mod
+from jaxstitch.spmd import factors as factors_mod, lowering as spmd_lowering, placement as placement_mod
+from jaxstitch.workloads import cross_entropy, layernorm
+from strategies import force_stitching
+
+TARGET = "h100"
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+
+needs_devices = pytest.mark.skipif(jax.device_count() < 4, reason="needs 4 devices (conftest sets 4 host devices)")
+
+
+def analyze(fun, *shapes):
+    args = [jax.ShapeDtypeStruct(s, d) for s, d in shapes]
+    traced = trace_mod.trace(fun, args, trace_mod.positional_tree(args))
+    return traced, factors_mod.analyze(traced.graph)
+
+
+# ---------------------------------------------------------------------------------------------------
+# factors and placement (pure)
+# ---------------------------------------------------------------------------------------------------
+
+def test_layernorm_rows_and_hidden_are_factors():
+    traced, f = analyze(layernorm, ((8, 16, 256), jnp.float32), ((256,), jnp.float32), ((256,), jnp.float32))
+    x, gamma, beta = traced.graph.inputs
+    (b,), (s,), (h,) = f.of(x)
+    assert f.of(gamma) == ((h,),) and f.of(beta) == ((h,),)
+    assert f.of(traced.graph.outputs[0]) == ((b,), (s,), (h,))
+    assert len({b, s, h}) == 3 and not f.pinned
+
+
+def test_merging_reshape_gives_a_compound_dimension():
+    traced, f = analyze(lambda x: jax.nn.softmax(x.reshape(32, 64), axis=-1), ((4, 8, 64), jnp.float32))
+    (b,), (s,), (h,) = f.of(traced.graph.inputs[0])
+    assert f.of(traced.graph.outputs[0]) == ((b, s), (h,))
+
+
+def test_slice_and_scan_pin_their_axis():
+    traced, f = analyze(lambda x: jnp.cumsum(x[:, :100], axis=-1), ((8, 128), jnp.float32))
+    (rows,), (cols,) = f.of(traced.graph.inputs[0])
+    assert cols in f.pinned and rows not in f.pinned
+
+
+def test_placement_follows_the_batch_through_a_reduction():
+    traced, f = analyze(lambda x, g: (x * g, (x * g).sum(0)), ((8, 256), jnp.float32), ((256,), jnp.float32))
+    p = placement_mod.place(f, traced.graph.inputs, [(("data",), ()), ((),)], traced.graph.outputs, {"data": 4})
+    assert p.outputs == ((("data",), ()), ((),)) and not p.dropped
+
+
+def test_placement_drops_what_it_cannot_split():
+    traced, f = analyze(lambda x: jnp.cumsum(x, axis=-1) + 1, ((6, 128), jnp.float32))
+    specs = [(("data",), ("model",))]
+    p = placement_mod.place(f, traced.graph.inputs, specs, traced.graph.outputs, {"data": 4, "model": 2})
+    assert not p.sharded and len(p.dropped) == 2  # 6 rows over 4 devices; the scanned axis is pinned
+    assert "do not divide" in p.dropped[0] and "whole" in p.dropped[1]
+    p = placement_mod.place(f, traced.graph.inputs, specs, traced.graph.outputs, {"data": 2, "model": 2})
+    assert p.inputs == ((("data",), ()),) and "whole" in p.dropped[0]
+
+
+def test_minor_factor_of_a_merged_dimension_stays_whole():
+    traced, f = analyze(lambda x: x.reshape(32, 64) * 2, ((4, 8, 64), jnp.float32))
+    p = placement_mod.place(f, traced.graph.inputs, [((), ("data",), ())], traced.graph.outputs, {"data": 4})
+    assert not p.sharded and "contiguous" in p.dropped[0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# end to end on a mesh of host devices
+# ---------------------------------------------------------------------------------------------------
+
+def collectives(jitted, *args) -> dict:
+    text = jitted.lower(*args).compile().as_text()
+    return {k: len(re.findall(rf"\b{k}(?:-start)?\(", text)) for k in COLLECTIVES}
+
+
+@pytest.fixture
+def placements(monkeypatch):
+    """The placements the partition callback chose, in order."""
+    seen = []
+    place = spmd_lowering.place
+
+    def spy(*args, **kwargs):
+        seen.append(place(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(spmd_lowering, "place", spy)
+    return seen
+
+
+def mesh_of(shape, names):
+    return Mesh(np.array(jax.devices()[:int(np.prod(shape))]).reshape(shape), names)
+
+
+def check(fun, args, placements, rtol=1e-5, atol=1e-5):
+    """Stitched (whatever the cost model says of these small shapes) vs jax.jit, on sharded args."""
+    ours, ref = jaxstitch.jit(fun, target=TARGET), jax.jit(fun)
+    with force_stitching():
+        got, want = ours(*args), ref(*args)
+        c_ours = collectives(ours, *args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=atol)
+        assert g.sharding.is_equivalent_to(w.sharding, g.ndim), (g.sharding, w.sharding)
+    assert placements and any(p.sharded for p in placements), "no region was partitioned"
+    c_ref = collectives(ref, *args)
+    assert c_ours["all-gather"] <= c_ref["all-gather"], (c_ours, c_ref)
+    assert sum(c_ours.values()) <= sum(c_ref.values()), (c_ours, c_ref)
+    return c_ours, c_ref
+
+
+def normal(key, shape):
+    return jax.random.normal(jax.random.key(key), shape, jnp.float32)
+
+
+@needs_devices
+def test_data_parallel_layernorm_backward(placements):
+    mesh = mesh_of((4,), ("data",))
+    x = jax.device_put(normal(0, (8, 16, 256)), NamedSharding(mesh, P("data")))
+    g, b = (jax.device_put(normal(k, (256,)), NamedSharding(mesh, P())) for k in (1, 2))
+    grad = jax.value_and_grad(lambda x, g, b: jnp.sum(layernorm(x, g, b) ** 2), argnums=(0, 1, 2))
+    c_ours, _ = check(grad, (x, g, b), placements, rtol=1e-4, atol=1e-3)
+    assert c_ours["all-reduce"] >= 1  # dgamma, dbeta and the loss are completed across the batch
+
+
+@needs_devices
+def test_vocab_parallel_cross_entropy(placements):
+    """Logits split over the vocabulary: the max and the sum go through pmax and psum, and the
+    one-hot's iota counts from each shard's offset."""
+    mesh = mesh_of((4,), ("model",))
+    logits = jax.device_put(normal(3, (16, 512)), NamedSharding(mesh, P(None, "model")))
+    labels = jax.device_put(jax.random.randint(jax.random.key(4), (16,), 0, 512), NamedSharding(mesh, P()))
+    check(jax.value_and_grad(cross_entropy), (logits, labels), placements)
+
+
+@needs_devices
+def test_two_axis_mesh_softmax_over_merged_rows(placements):
+    mesh = mesh_of((2, 2), ("data", "model"))
+    x = jax.device_put(normal(5, (4, 8, 64)), NamedSharding(mesh, P("data", None, "model")))
+    check(lambda x: jax.nn.softmax(x.reshape(32, 64) * 3.0, axis=-1).sum(0), (x,), placements)
+
+
+@needs_devices
+def test_a_split_the_region_cannot_take_is_gathered_and_logged(placements, caplog):
+    """Rows split over the mesh, scanned along the rows: the region needs them whole."""
+    mesh = mesh_of((4,), ("data",))
+    x = jax.device_put(normal(6, (8, 128)), NamedSharding(mesh, P("data")))
+    fun = lambda x: jnp.cumsum(jax.nn.gelu(x).T, axis=-1) * 2  # noqa: E731
+    with force_stitching(), caplog.at_level("INFO", logger="jaxstitch"):
+        np.testing.assert_allclose(jaxstitch.jit(fun, target=TARGET)(x), jax.jit(fun)(x), rtol=1e-5, atol=1e-5)
+    assert any(p.dropped and not p.sharded for p in placements)
+    assert any("needs it whole" in r.getMessage() for r in caplog.records)
+
+
+@needs_devices
+def test_in_and_out_shardings():
+    mesh = mesh_of((4,), ("data",))
+    rows, rep = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
+    fun = jaxstitch.jit(lambda x: jax.nn.softmax(x, axis=-1), in_shardings=rows, out_shardings=rep, target=TARGET)
+    x = normal(7, (32, 128))
+    out = fun(x)
+    assert out.sharding.is_equivalent_to(rep, 2)
+    np.testing.assert_allclose(out, jax.nn.softmax(x, axis=-1), rtol=1e-5, atol=1e-6)
+
+
+@needs_devices
+def test_inside_shard_map_regions_are_planned_for_the_local_shape(placements):
+    mesh = mesh_of((4,), ("data",))
+    seen_shapes = []
+
+    def body(x):
+        seen_shapes.append(x.shape)
+        return jaxstitch.jit(lambda x: layernorm(x, jnp.ones(x.shape[-1]), jnp.zeros(x.shape[-1])), target=TARGET)(x)
+
+    fun = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
+    x = normal(8, (16, 256))
+    np.testing.assert_allclose(fun(x), layernorm(x, jnp.ones(256), jnp.zeros(256)), rtol=1e-5, atol=1e-5)
+    assert seen_shapes[0] == (4, 256) and not placements  # manual: no partition callback
+
+
+@needs_devices
+def test_grad_of_a_stitched_function_under_sharding(placements):
+    mesh = mesh_of((4,), ("data",))
+    x = jax.device_put(normal(9, (16, 256)), NamedSharding(mesh, P("data")))
+    inner = jaxstitch.jit(lambda x: jax.nn.softmax(x, axis=-1), target=TARGET)
+    ours = jax.jit(jax.grad(lambda x: jnp.sum(inner(x) ** 2)))
+    want = jax.jit(jax.grad(lambda x: jnp.sum(jax.nn.softmax(x, axis=-1) ** 2)))(x)
+    with force_stitching():
+        np.testing.assert_allclose(ours(x), want, rtol=1e-4, atol=1e-6)
+    assert any(p.sharded for p in placements)
