@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 import jaxstitch
-from jaxstitch.bench import count_kernels
+from jaxstitch.bench import count_collectives, count_kernels
 
 GEMM = re.compile(r"__cublas|__cudnn|kind=kCustom|triton_gemm|cublas")
 
@@ -54,15 +54,19 @@ class Run:
     compile_s: float
     kernels: int | None
     memory_kernels: int | None
+    collectives: dict | None = None
 
 
-def run(name: str, jit: Callable, step, init: Callable, batch: Callable, steps: int, warm: int = 3) -> Run:
+def run(name: str, jit: Callable, step, init: Callable, batch: Callable, steps: int, warm: int = 3,
+        place: Callable = lambda tree, kind: tree) -> Run:
     """`steps` train steps from `init()` (graphdef, state) on `batch(i)`. After `warm` steps (the
     first compiles), the rest are dispatched back to back, as a training loop does, and the step time
-    is their wall time over their number: the host's dispatch overlaps the GPU's work."""
+    is their wall time over their number: the host's dispatch overlaps the GPU's work. `place(tree,
+    kind)` puts the state (kind "state") and each batch ("batch") on devices (examples/dp_train.py)."""
     graphdef, state = init()
+    state = place(state, "state")
     f = jit(functools.partial(step, graphdef), donate_argnums=(0,))
-    batches = jax.block_until_ready([batch(i) for i in range(steps)])
+    batches = jax.block_until_ready([place(batch(i), "batch") for i in range(steps)])
     t0 = time.perf_counter()
     compiled = f.lower(state, batches[0]).compile()
     compile_s = time.perf_counter() - t0
@@ -70,6 +74,7 @@ def run(name: str, jit: Callable, step, init: Callable, batch: Callable, steps: 
         kernels, memory = kernel_counts(compiled.as_text())
     except ValueError:
         kernels = memory = None
+    collectives = count_collectives(compiled.as_text())
     losses = []
     for b in batches[:warm]:
         loss, state = f(state, b)
@@ -80,7 +85,7 @@ def run(name: str, jit: Callable, step, init: Callable, batch: Callable, steps: 
         losses.append(loss)
     jax.block_until_ready((losses, state))
     step_ms = 1e3 * (time.perf_counter() - t) / max(1, steps - warm)
-    return Run(name, [float(x) for x in losses], step_ms, compile_s, kernels, memory)
+    return Run(name, [float(x) for x in losses], step_ms, compile_s, kernels, memory, collectives)
 
 
 def compare(title: str, step, init: Callable, batch: Callable, steps: int, rtol: float,

@@ -122,6 +122,16 @@ def count_kernels(hlo_text: str) -> int:
     return count(entry, frozenset())
 
 
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+_COLLECTIVE = re.compile(r"\b(" + "|".join(COLLECTIVES) + r")(?:-start)?\(")
+
+
+def count_collectives(hlo_text: str) -> dict[str, int]:
+    """{kind: count} of the collectives in an optimized HLO module (an async pair counts once)."""
+    found = _COLLECTIVE.findall(hlo_text)
+    return {k: found.count(k) for k in COLLECTIVES}
+
+
 def compiled_kernels(jitted, args) -> int | None:
     """count_kernels of `jitted`'s executable for `args`, or None where it cannot be lowered."""
     try:

@@ -48,7 +48,7 @@ def partitioned(rule):
     """`rule` (a lowering of `stitch`), through custom_partitioning when the program is partitioned."""
 
     def lower(ctx, *args, jaxpr, launch, context):
-        if launch is None or not is_partitioned(ctx):
+        if launch is None or not args or not is_partitioned(ctx):  # (no inputs: nothing to split)
             return rule(ctx, *args, jaxpr=jaxpr, launch=launch, context=context)
         return mlir.lower_fun(_partitionable(jaxpr, launch, context), multiple_results=True)(ctx, *args)
 
