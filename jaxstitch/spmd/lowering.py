@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import logging
 
-import jax
 from jax.experimental.custom_partitioning import ArrayMapping, CompoundFactor, SdyShardingRule, custom_partitioning
 from jax.interpreters import mlir
 from jax.sharding import NamedSharding, PartitionSpec
