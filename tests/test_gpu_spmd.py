@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jaxstitch
 from jaxstitch.bench import count_collectives
 from jaxstitch.kernels import ffi
-from jaxstitch.workloads import cross_entropy, layernorm
+from jaxstitch.workloads import cross_entropy, layernorm, softmax_fwdbwd
 from strategies import force_stitching
 from test_gpu_correctness import compare
 
@@ -66,13 +66,15 @@ def test_vocab_parallel_cross_entropy():
 
 
 def test_inside_shard_map():
+    """A softmax forward and backward in a shard_map body: planned for the local rows."""
     mesh = mesh2("data")
-    gamma, beta = jnp.full((1024,), 1.5), jnp.full((1024,), 0.25)
-    inner = jaxstitch.jit(lambda x: jax.nn.gelu(layernorm(x, gamma, beta)))
-    fun = jax.jit(jax.shard_map(inner, mesh=mesh, in_specs=P("data"), out_specs=P("data")))
-    x = jax.random.normal(jax.random.key(3), (8192, 1024))
-    compare(fun(x), jax.jit(lambda x: jax.nn.gelu(layernorm(x, gamma, beta)))(x), "shard_map layernorm+gelu")
-    assert f'custom_call_target="{ffi.TARGET}"' in fun.lower(x).compile().as_text()
+    inner = jaxstitch.jit(softmax_fwdbwd)
+    fun = jax.jit(jax.shard_map(inner, mesh=mesh, in_specs=(P("data"), P("data")),
+                                out_specs=(P("data"), P("data"))))
+    x, dy = (jax.random.normal(jax.random.key(k), (8192, 1024)) for k in (3, 4))
+    for i, (g, w) in enumerate(zip(fun(x, dy), jax.jit(softmax_fwdbwd)(x, dy))):
+        compare(g, w, f"shard_map softmax fwd+bwd output {i}")
+    assert f'custom_call_target="{ffi.TARGET}"' in fun.lower(x, dy).compile().as_text()
 
 
 def test_data_parallel_bert_train_step():
