@@ -557,6 +557,21 @@ def test_online_softmax_special_rows_match_xla(c):
         compare(a, b, f"{what} output {i}")
 
 
+def test_mask_as_large_as_the_rows_matches_xla():
+    """A (1, 1, S, S) dropout mask over (B, H, S, S) scores with B*H*S == S*S (the tiny BERT's
+    attention dropout, once read as one value per row)."""
+    from test_pipeline_cpu import masked_softmax
+
+    seed = (RUN_SEED + zlib.crc32(b"mask_rows")) % (1 << 63)
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    scores = jax.random.normal(k1, (8, 4, 32, 32)) * 3
+    mask = (jax.random.uniform(k2, (1, 1, 32, 32)) < 0.9) / 0.9
+    what = _msg("masked softmax", seed)
+    with force_stitching():
+        _, got = run_stitched(masked_softmax, (scores, mask), what)
+    compare(got, jax.jit(masked_softmax)(scores, mask), what)
+
+
 def one_hot_xent(logits, labels):
     """Cross-entropy with a one-hot made by `labels == iota` (the compare codegen writes per vector)."""
     one_hot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)

@@ -191,6 +191,30 @@ def mid_dot(x, w):
     return y - jnp.mean(y, axis=-1, keepdims=True)
 
 
+def masked_softmax(scores, mask):
+    """An attention softmax times a dropout mask shared by every batch and head (flax's broadcast
+    dropout): the mask is (1, 1, S, S)."""
+    return jax.nn.softmax(scores, axis=-1) * mask
+
+
+def test_a_mask_the_size_of_the_rows_is_not_read_as_one_value_per_row():
+    """With B*H*S == S*S (8*4*32 == 32*32) the mask has as many elements as the row space has rows,
+    but it varies along the columns: a row-space plan would read element r of it for row r. The
+    row plan refuses it; the region is planned as tiles of the (B*H, S*S) view, where the mask is
+    one value per column."""
+    from jaxstitch.partition import partition
+    from jaxstitch.plan.layout import Unplannable, place
+    from jaxstitch import trace as trace_mod
+
+    specs = [jax.ShapeDtypeStruct((8, 4, 32, 32), jnp.float32), jax.ShapeDtypeStruct((1, 1, 32, 32), jnp.float32)]
+    traced = trace_mod.trace(masked_softmax, specs, trace_mod.positional_tree(specs))
+    (region,) = [r for r in partition(traced.graph).regions if len(r.ops) > 1]
+    with pytest.raises(Unplannable, match="into columns"):
+        place(region)
+    (r,) = jaxstitch.explain(masked_softmax, *specs, target="h100").regions
+    assert r.rows == 32 and r.cols == 1024 and "tile" in r.mapping
+
+
 def test_dot_splits_into_two_regions():
     specs = (S((256, 512), jnp.float32), S((512, 384), jnp.float32))
     report = explain(mid_dot, *specs)

@@ -156,6 +156,10 @@ def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
             hint = vals[0].declared if vals else None
             storage = join(p.storage for p in vals)
             decl = _declared(out, n, c, hints.get(out.id, hint), constant=storage == SCALAR)
+            if decl == FULL:  # (lax broadcasts size-1 dimensions of same-rank operands)
+                for a, p in zip(op.inputs, ins):
+                    if p is not None and p.declared in (ROW, COL) and len(a.shape) == len(out.shape):
+                        _check_spread(p, [i for i, d in enumerate(a.shape) if d != 1], out, n)
             placed[out.id] = Placed(out, decl, storage, level)
         elif opdefs.is_layout(op) and not vals:  # a broadcast literal
             placed[out.id] = Placed(out, _declared(out, n, c, constant=True), SCALAR, 0)
@@ -221,9 +225,16 @@ def _input_hints(region: Region, n: int, c: int) -> dict[int, str]:
 
 
 def _check_broadcast(op: ir.Op, src: Placed, n: int):
-    out = op.outputs[0]
-    j = row_axes(out.shape, n)
     dims = [d for i, d in enumerate(op.param("broadcast_dimensions")) if src.value.shape[i] != 1]
+    _check_spread(src, dims, op.outputs[0], n)
+
+
+def _check_spread(src: Placed, dims, out: ir.Value, n: int):
+    """A row value must vary only along the row axes of the full value it spreads over (`dims`, the
+    output axes its non-unit axes land on), a column value only along the column axes: a value the
+    size of the rows that varies along both (a (1, 1, S, S) dropout mask over (B, H, S, S) when
+    B*H*S == S*S, say) is neither."""
+    j = row_axes(out.shape, n)
     if src.declared == ROW and not all(d < j for d in dims):
         raise Unplannable(f"broadcast of a row value {src.value.shape} into columns {out.shape}")
     if src.declared == COL and not all(d >= j for d in dims):
