@@ -7,6 +7,7 @@ by the collective that XLA would use (psum, pmax, pmin over the mesh axes that s
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 import jax
@@ -85,7 +86,7 @@ def _with_params(eqn: trace_mod.Eqn, changes: dict) -> trace_mod.Eqn:
         return eqn
     params = dict(eqn.params)
     params.update({k: v for k, v in changes.items() if k in params})
-    return trace_mod.Eqn(eqn.primitive, params, eqn.inputs, eqn.outputs, eqn.effectful)
+    return dataclasses.replace(eqn, params=params)
 
 
 def _complete(op: ir.Op, out, dim_axes):

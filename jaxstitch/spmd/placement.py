@@ -54,7 +54,7 @@ def place(factors: Factors, inputs: Sequence[ir.Value], specs: Sequence[Spec], o
         bad = [f for v in values for dim in factors.of(v) for f in _untiled(dim, axes, factors, mesh)]
         if not bad:
             break
-        for f in bad:
+        for f in dict.fromkeys(bad):
             dropped.append(f"factor {f} over {axes.pop(f)}: some value's tile would not be contiguous")
     per_factor = tuple(axes.get(f, ()) for f in range(len(factors.sizes)))
     return Placement(per_factor, tuple(spec_of(factors, per_factor, v) for v in inputs),
