@@ -86,3 +86,13 @@ def test_data_parallel_bert_train_step():
     ok, rows = dp_train.compare_devices(bert_train, bert_train.QUICK, steps=5, counts=(1, 2), rtol=2e-3)
     assert ok, [(n, {k: v for k, v in ref.collectives.items() if v}, {k: v for k, v in ours.collectives.items() if v},
                  diff, ref.losses[-1], ours.losses[-1]) for n, ref, ours, diff, _ in rows]
+
+
+def test_tensor_parallel_mlp_step():
+    """Megatron's MLP split over 2 GPUs (w1 by columns, w2 by rows), a layer norm after it, one SGD
+    step; forced so the GELU region on the split hidden units runs as our kernel too."""
+    from test_spmd import mlp_inputs, mlp_step
+
+    mesh = Mesh(np.array(jax.devices()[:2]).reshape(1, 2), ("data", "model"))
+    check(mlp_step, mlp_inputs(mesh, hidden=1024, ffn=4096, batch=4096), "MLP step, hidden units over 2 GPUs",
+          forced=True)
