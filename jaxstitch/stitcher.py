@@ -172,7 +172,7 @@ def _with_stitched_bodies(eqn, program: Program, index: int, context: Context):
 
 def restitch(fun, args, context: Context) -> list:
     """`fun(*args)` (flat arrays in, a flat list out) planned and stitched like `jaxstitch.jit`'s
-    body: for a region after a transformation (transforms.py)."""
+    body: for a region after a transformation (transforms.py) or for one device's shards (spmd/)."""
     program = families.build_any(fun, list(args), trace_mod.positional_tree(args), context.target, context.cfg)
     return list(make_runner(program, context)(*args))
 
