@@ -88,6 +88,11 @@ def run(name: str, jit: Callable, step, init: Callable, batch: Callable, steps: 
     return Run(name, [float(x) for x in losses], step_ms, compile_s, kernels, memory, collectives)
 
 
+def loss_diff(losses, reference) -> float:
+    """The largest relative difference between two runs' losses, step by step."""
+    return max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(losses, reference))
+
+
 def compare(title: str, step, init: Callable, batch: Callable, steps: int, rtol: float,
             json_path: str | None = None, stitch_jit: Callable = jaxstitch.jit) -> bool:
     """Both runs, their table, and whether the losses match step by step within `rtol`; with
@@ -96,7 +101,7 @@ def compare(title: str, step, init: Callable, batch: Callable, steps: int, rtol:
     runs = [run("jax.jit", jax.jit, step, init, batch, steps),
             run("jaxstitch.jit", stitch_jit, step, init, batch, steps)]
     ref, ours = runs
-    diff = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(ours.losses, ref.losses))
+    diff = loss_diff(ours.losses, ref.losses)
     ok = diff <= rtol and all(np.isfinite(ours.losses))
     print(f"\n{title} on {jax.devices()[0].device_kind}, {steps} steps")
     print(f"{'':14s} {'step ms':>9s} {'compile s':>10s} {'kernels':>8s} {'memory-bound':>13s} "

@@ -122,7 +122,7 @@ def make_runner(program: Program, context: Context):
             env[v.id] = a
 
         def read(a):
-            return trace_mod.evaluate([], [], [], [a])[0] if isinstance(a, ir.Const) else env[a.id]
+            return trace_mod.const_array(a) if isinstance(a, ir.Const) else env[a.id]
 
         for (kind, idx), _ in schedule:
             if kind == "e":

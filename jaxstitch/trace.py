@@ -199,6 +199,11 @@ def bind_eqn(eqn: Eqn, args: Sequence[Any]) -> list:
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
+def const_array(c: ir.Const):
+    """A scalar literal operand as the array to bind a primitive with."""
+    return np.array(c.value, dtype=jax.numpy.dtype(c.dtype))
+
+
 def evaluate(eqns: Sequence[Eqn], in_values: Sequence[ir.Value], args, out_atoms, consts=None):
     """Evaluate equations over ir atoms by binding each primitive again (a tiny jaxpr interpreter)."""
     env = dict(consts or {})
@@ -206,9 +211,7 @@ def evaluate(eqns: Sequence[Eqn], in_values: Sequence[ir.Value], args, out_atoms
         env[v.id] = a
 
     def read(a):
-        if isinstance(a, ir.Const):
-            return np.array(a.value, dtype=jax.numpy.dtype(a.dtype))
-        return env[a.id]
+        return const_array(a) if isinstance(a, ir.Const) else env[a.id]
 
     for eqn in eqns:
         outs = bind_eqn(eqn, [read(a) for a in eqn.inputs])

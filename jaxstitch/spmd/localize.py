@@ -39,7 +39,7 @@ def local_function(traced: trace_mod.Traced, factors: Factors, axes, mesh: Mappi
         return index * local(v)[d]
 
     def read(env, a):
-        return np.array(a.value, dtype=jax.numpy.dtype(a.dtype)) if isinstance(a, ir.Const) else env[a.id]
+        return trace_mod.const_array(a) if isinstance(a, ir.Const) else env[a.id]
 
     def run(*args):
         env = {v.id: a for v, a in zip(traced.graph.inputs, args)}
