@@ -380,24 +380,37 @@ __device__ __forceinline__ void js_group_arg_reduce(float& v, int& i) {
   }
 }
 
-// Grid-wide barrier number k of a launch: every block adds one to `counter` and waits until it reaches
-// `target` = k * gridDim.x. The counter is zeroed by the launcher before each launch, and the grid is
-// cooperatively launched (all blocks co-resident). Readers of what other blocks wrote before the
-// barrier load it with __ldcg (L2), never through a possibly stale L1 line.
-__device__ __forceinline__ void js_grid_sync(unsigned int* counter, unsigned int target) {
+// The grid barrier's state: globals of the loaded module, so zero when the launcher loads it, and left
+// as found by every completed barrier (the arrivals wrap back to 0; the generation only grows). No
+// launch needs a memset before it. The grid is cooperatively launched (all blocks co-resident); one
+// module's launches run one after another on XLA's stream, never two at once.
+__device__ unsigned int js_bar_arrived;
+__device__ unsigned int js_bar_generation;
+
+__device__ __forceinline__ unsigned int js_load_acquire(const unsigned int* p) {
+  unsigned int v;
+  asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// A grid-wide barrier: a block's thread 0 reads the generation before arriving; the last block to
+// arrive (atomicInc wraps the arrivals to 0 at gridDim.x) opens the next generation, which the others
+// wait for. Readers of what other blocks wrote before the barrier load it with __ldcg (L2), never
+// through a possibly stale L1 line.
+__device__ __forceinline__ void js_grid_sync() {
   __syncthreads();
   if (threadIdx.x == 0) {
+    const unsigned int generation = js_load_acquire(&js_bar_generation);
     __threadfence();
-    atomicAdd(counter, 1u);
-    unsigned int seen;
-    do {
-      asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
-    } while (seen < target);
+    if (atomicInc(&js_bar_arrived, gridDim.x - 1) == gridDim.x - 1) {
+      __threadfence();
+      asm volatile("st.release.gpu.u32 [%0], %1;" :: "l"(&js_bar_generation), "r"(generation + 1) : "memory");
+    } else {
+      while (js_load_acquire(&js_bar_generation) == generation) {}
+    }
   }
   __syncthreads();
 }
-// The epilogue's one barrier, on the workspace's first counter (split rows use the second).
-__device__ __forceinline__ void js_grid_barrier(unsigned int* bar) { js_grid_sync(bar, gridDim.x); }
 
 // Copy COUNT elements from global to shared memory with the block's BLOCK threads, element by
 // element (the tile kernels' inputs that are no whole number of 16-byte pieces).

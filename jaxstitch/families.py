@@ -195,46 +195,48 @@ def _differs(a: Compiled, b: Compiled | None) -> str | None:
     return None
 
 
+# The row counts whose split counts (mapping.split_count: at most one (row, slice) task per SM) make
+# a long-row family's ladder of split variants, close enough that each rung's fewest rows still give
+# half the SMs or more a task: with four rungs (1, 8, 32, 64 rows: 64, 16, 4 and 2 slices) the rows
+# just past a bound ran 0.74-0.94x of jax.jit (H100, 262144 float32: 3, 9, 16 and 34 rows), the
+# rows filling a rung 0.99-1.85x.
+LADDER_ROWS = (1, 4, 8, 16, 24, 32, 44, 64)
+
+
 def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) -> tuple[tuple[int, Compiled], ...]:
-    """For a member whose long rows run a block each: the same region with each row split over as
-    many blocks as it supports, launched below the row count where the cost model stops expecting
-    it to be faster (too few rows leave SMs idle, against the split's grid barriers: a served request
-    of one short sequence over a vocabulary of 256k). Planned at both samples (forced past the cost
-    model's verdict, which priced the samples' many rows) and kept only where both agree, as
-    members are."""
+    """For a member whose long rows run a block each: the same region with each row split over
+    several blocks, for row counts too few to give every SM a row (a served request of one short
+    sequence over a vocabulary of 256k). A ladder, one rung per split count of LADDER_ROWS, each
+    launched while its tasks are at most one per SM (below SMs // splits + 1 rows, the bound the
+    launcher compares with), where the cost model expects it to beat the member at the rung's
+    rows. Planned at both samples (forced past the cost model's verdict, which priced the samples'
+    many rows) and kept only where both agree, as members are."""
     m = a.plan.kernel.mapping
     if m.chunks == 1 or m.splits > 1 or not cfg.tuning.variants:
         return ()
-    k = mapping_mod.split_count(1, m.n_cols, m.vec, target)
-    if k < 2:
-        return ()
-    forced = dataclasses.replace(cfg, tuning=dataclasses.replace(cfg.tuning, splits=k, min_gain_pct=0))
-    plan = plan_region(a.plan.region, target, forced.tuning)
-    if plan.kernel is None or plan.kernel.mapping.splits < 2:
-        return ()
-    if estimate_rows(plan, 1, target).us >= estimate_rows(a.plan, 1, target).us:
-        return ()  # (not even for one row)
-    va, vb = (pipeline.compile_region(c.plan.region, target, forced) for c in (a, b))
-    why = _differs(va, vb) or (None if va.plan.kernel.mapping.splits > 1 else "not split")
-    if why is not None:
-        log.info("region %d: no split-row variant (%s)", a.plan.region.id, why)
-        return ()
-    # the first row count (of a few) where the split kernel is not expected to win, its grid as many
-    # blocks as its registers let reside
-    below = next((n for n in _row_counts(target.sm_count * m.rows_per_block)
-                  if _variant_us(va, n, target) >= estimate_rows(a.plan, n, target).us), 1)
-    return ((below, va),) if below > 1 else ()
-
-
-# A split variant measured ~16 us above the cost model at one row (H200, one row of a 262144 float32
-# vocabulary over 64 blocks: 24.5 us measured, 8.4 modeled, in GPU time from the workspace memset to
-# the kernel's end), while the suite's split case (32 rows of 256k over 4 blocks each) matches it; the
-# cause is not found (perf_notes.md, session 15). Added to the variant's estimate.
-SPLIT_VARIANT_EXTRA_US = 16.0
+    ladder: dict[int, tuple[int, Compiled]] = {}
+    for n in LADDER_ROWS:
+        k = mapping_mod.split_count(n, m.n_cols, m.vec, target)
+        if k < 2 or k in ladder:
+            continue
+        forced = dataclasses.replace(cfg, tuning=dataclasses.replace(
+            cfg.tuning, splits=k, min_gain_pct=0, split_rows=target.sm_count // k))
+        plan = plan_region(a.plan.region, target, forced.tuning)
+        if plan.kernel is None or plan.kernel.mapping.splits < 2:
+            continue
+        if estimate_rows(plan, n, target).us >= estimate_rows(a.plan, n, target).us:
+            continue
+        va, vb = (pipeline.compile_region(c.plan.region, target, forced) for c in (a, b))
+        why = _differs(va, vb) or (None if va.plan.kernel.mapping.splits > 1 else "not split")
+        if why is not None:
+            log.info("region %d: no variant over %d blocks a row (%s)", a.plan.region.id, k, why)
+            continue
+        ladder[k] = (target.sm_count // va.plan.kernel.mapping.splits + 1, va)
+    return tuple(sorted(ladder.values(), key=lambda bv: bv[0]))  # (the launcher takes the first that fits)
 
 
 def _variant_us(v: Compiled, n: int, target: Target) -> float:
-    return estimate_rows(v.plan, n, target, v.registers).us + SPLIT_VARIANT_EXTRA_US
+    return estimate_rows(v.plan, n, target, v.registers).us
 
 
 def _row_counts(most: int) -> list[int]:

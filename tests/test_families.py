@@ -81,41 +81,51 @@ def token_stats(x):
     return lp.mean(-1), jnp.max(lp, -1)
 
 
-def test_long_rows_get_a_split_row_variant_for_few_rows(fresh_cache, monkeypatch):
-    """A family of long rows runs a block per row; below the row count where the planner would split
-    rows (too few to give every SM one), a variant splits each row over several blocks, launched
-    instead. Its source is the same at both samples: its workspace does not grow with the rows."""
-    monkeypatch.setenv("JAXSTITCH_TUNE", "variants=1")  # (opt-in)
+def test_long_rows_get_a_ladder_of_split_row_variants_for_few_rows(fresh_cache, monkeypatch):
+    """A family of long rows runs a block per row; for fewer rows than SMs, a ladder of variants
+    splits each row over several blocks (more blocks for fewer rows, at most one (row, slice) task
+    per SM), the launcher picking the first whose bound exceeds the rows. Each variant's source is
+    the same at both samples (its workspace does not grow with the rows), and its stash is sized
+    for the rows it runs at, not the samples'."""
     b, s = jax.export.symbolic_shape("b, s")
     spec = jax.ShapeDtypeStruct((b, s, VOCAB), jnp.float32)
     rep = jaxstitch.explain(token_stats, spec, target="h100")  # (the target _export plans for)
     (region,) = rep.regions
     assert region.stitched and "rows split" not in region.mapping
-    (variant,) = [v for v in region.variants if "XLA" not in v]
-    below = int(re.match(r"below (\d+) rows: .*rows split over (\d+) blocks", variant).group(1))
-    assert 8 < below <= 132  # fewer rows than SMs
-    assert "below" in str(rep) and rep.cache.nvrtc_compiles == 2
+    ladder = [re.match(r"below (\d+) rows: .*rows split over (\d+) blocks(.*)", v).groups()
+              for v in region.variants if "XLA" not in v]
+    bounds, splits = [int(b) for b, _, _ in ladder], [int(k) for _, k, _ in ladder]
+    assert bounds == sorted(bounds) and splits == sorted(splits, reverse=True) and len(ladder) >= 3
+    assert all(b == 132 // k + 1 for b, k in zip(bounds, splits))  # at most one task per SM
+    assert "shared stash of 1," not in " ".join(v for *_, v in ladder)  # (sized for the samples' rows)
+    assert "below" in str(rep)
     short = jax.ShapeDtypeStruct((b, s, 30522), jnp.float32)
     assert jaxstitch.explain(token_stats, short, target="h200").regions[0].variants == ()
     exp = _export(token_stats, [spec], ["cuda"])
     call = re.search(r"custom_call @jaxstitch_launch\(.*", exp.mlir_module()).group(0)
-    alt = re.search(r"alt_launch = dense<\[([^\]]*)\]>", call).group(1).split(",")
-    assert int(alt[0]) == below and int(alt[6]) > 1 and len(alt) == 9  # below_rows ... splits ... bytes
-    # by default: the member alone
-    monkeypatch.delenv("JAXSTITCH_TUNE")
+    alt = [int(n) for n in re.search(r"alt_launch = dense<\[([^\]]*)\]>", call).group(1).split(",")]
+    assert len(alt) == 9 * len(ladder)  # below_rows ... splits ... bytes, for each variant
+    assert alt[0::9] == bounds and alt[6::9] == splits
+    # JAXSTITCH_TUNE=variants=0: the member alone
+    monkeypatch.setenv("JAXSTITCH_TUNE", "variants=0")
     (plain,) = jaxstitch.explain(token_stats, spec, target="h200").regions
     assert plain.stitched and plain.cache_key == region.cache_key
     assert all("XLA" in v for v in plain.variants)
 
 
-def test_xla_runs_a_long_row_family_below_its_row_bound(fresh_cache):
-    """One row of a 262144 vocabulary: XLA spreads it over the GPU, our family kernel gives it one
-    block (9 vs 32 us, H200). The exported program holds a conditional on the row count: XLA's
-    kernels below the bound the cost model sets, ours above; a 30522 vocabulary needs none."""
+def test_xla_runs_a_long_row_family_below_its_row_bound(fresh_cache, monkeypatch):
+    """One row of a 262144 vocabulary: XLA spreads it over the GPU, our family kernel without its
+    split variants gives it one block (9 vs 32 us, H200). The exported program then holds a
+    conditional on the row count: XLA's kernels below the bound the cost model sets, ours above;
+    with the ladder of split variants (the default), or for a 30522 vocabulary, none."""
     b, s = jax.export.symbolic_shape("b, s")
-    exp = _export(token_stats, [jax.ShapeDtypeStruct((b, s, 262144), jnp.float32)], ["cpu", "cuda"])
+    spec = jax.ShapeDtypeStruct((b, s, 262144), jnp.float32)
+    assert "stablehlo.case" not in _export(token_stats, [spec], ["cuda"]).mlir_module()
+    monkeypatch.setenv("JAXSTITCH_TUNE", "variants=0")
+    assert "stablehlo.case" in _export(token_stats, [spec], ["cuda"]).mlir_module()
+    exp = _export(token_stats, [spec], ["cpu", "cuda"])
     text = exp.mlir_module()
-    assert "jaxstitch_launch(" in text and "stablehlo.case" in text
+    assert "jaxstitch_launch(" in text
     short = _export(token_stats, [jax.ShapeDtypeStruct((b, s, 30522), jnp.float32)], ["cuda"])
     assert "stablehlo.case" not in short.mlir_module()
     for batch, seq in ((1, 1), (2, 40)):  # (on CPU both branches are XLA's: the results hold)

@@ -53,13 +53,12 @@ def test_one_cubin_runs_every_row_count(name, monkeypatch):
 
 
 def test_family_kernels_picked_by_row_count(monkeypatch):
-    """Per-token statistics over a 262144 vocabulary, exported with symbolic batch and sequence, the
-    split-row variant asked for: row counts on each side of each bound (XLA's kernels below the
-    first, then the split variant the launcher picks, then the family kernel), each against jax.jit
-    with outputs poisoned."""
+    """Per-token statistics over a 262144 vocabulary, exported with symbolic batch and sequence: row
+    counts on each side of each bound (XLA's kernels below the first if any, then each split variant
+    of the ladder the launcher picks, then the family kernel), each against jax.jit with outputs
+    poisoned."""
     pytest.importorskip("flatbuffers")
     monkeypatch.setenv("JAXSTITCH_POISON", "1")
-    monkeypatch.setenv("JAXSTITCH_TUNE", "variants=1")  # (opt-in)
     b, s = jax.export.symbolic_shape("b, s")
     spec = jax.ShapeDtypeStruct((b, s, 262144), jax.numpy.float32)
     (region,) = jaxstitch.explain(token_stats, spec).regions

@@ -431,12 +431,8 @@ ffi::Error Execute(CUstream stream, ffi::RemainingArgs args,
                0xFF, buf.value()->size_bytes(), stream);
     }
   }
-  // A kernel with a grid barrier keeps its arrival counter in the first 16
-  // bytes of its workspace, the last result: zero it before every launch.
-  if (cooperative && rets.size() > 0) {
-    CU_CHECK(d, kernel, MemsetD8Async,
-             reinterpret_cast<unsigned long long>(ptrs[n - 1]), 0, 16, stream);
-  }
+  // (A kernel with a grid barrier keeps the barrier's state in its module,
+  // zeroed at load and left zeroed by every launch: no memset here.)
 
   const unsigned b = static_cast<unsigned>(block);
   const unsigned s = static_cast<unsigned>(smem);

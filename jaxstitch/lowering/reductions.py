@@ -219,7 +219,8 @@ def combine_slices(k: Kernel, w: Writer, slots):
         val = f"__int_as_float(p{o})" if kind == "int" else f"(float)p{o}"
         w(f"  js_ws[{offsets[o]} + (js_round & 1u) * {cap} + blockIdx.x] = {val};")
     w("}")
-    w("js_grid_sync(reinterpret_cast<unsigned int*>(ws) + 1, ++js_round * gridDim.x);")
+    w("++js_round;")
+    w("js_grid_sync();")
     w("if (row_ok) {")
     def getter(o, kind):
         at = f"js_ws + {offsets[o]} + ((js_round - 1u) & 1u) * {cap} + (blockIdx.x / SPLITS) * SPLITS"

@@ -45,8 +45,9 @@ class Tuning:
     value; siblings not merged); `grid`: 0 gives column and whole-array reductions kernels of their
     own (no grid barrier next to row work); `remote`: 0 launches independent regions separately;
     `recompute`: 0 reads every input a region's neighbours write, never recomputing cheap producers
-    (recompute.py); `variants`: 1 gives a shape family's long rows a split-row kernel for few rows
-    (families.py; off by default: measured slower than the model expects, session 15)."""
+    (recompute.py); `variants`: 0 gives a shape family's long rows no split-row kernels for few rows
+    (families.py's ladder); `split_rows`: the rows a forced split's stash is sized for, where a
+    family's variant runs (its samples have more)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -60,10 +61,11 @@ class Tuning:
     grid: int = 1
     remote: int = 1
     recompute: int = 1
-    variants: int = 0
+    variants: int = 1
+    split_rows: int | None = None
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "fast_exp",
-              "stitch", "grid", "remote", "recompute", "variants")
+              "stitch", "grid", "remote", "recompute", "variants", "split_rows")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
@@ -221,14 +223,37 @@ def _most_chunks(chunk_bytes: int, most: int, least: int, per_sm: int, target: T
 
 
 def split_count(n: int, c: int, vec: int, target: Target) -> int:
-    """Blocks per row for few long rows: about one (row, slice) task per SM (67 rows: 2). Two per SM
-    measured slower (H200, softmax fwd+bwd over 32 rows of 256k, 8 slices against 4: bfloat16 38.6
-    against 33.6 us, float32 66 against 60): more barrier arrivals, and a smaller share of each
-    slice stashed. Slices hold at least two vectors per thread of a 512-thread block; never more slices
-    than SMs (a round holds whole rows: see codegen's js_step)."""
+    """Blocks per row for few long rows: at most one (row, slice) task per SM (47 rows: 2). A few
+    tasks more than SMs leave those SMs two while the rest wait at the barriers (H100, log-softmax
+    statistics over 8 rows of 256k float32: 17 slices 15.3 us, 16 slices 12.1; 47 rows: 3 slices
+    37.2, 2 slices 33.2). Two per SM measured slower where a stash does not take them whole (H200,
+    softmax fwd+bwd over 32 rows of 256k, 8 slices against 4: bfloat16 38.6 against 33.6 us,
+    float32 66 against 60): more barrier arrivals, and a smaller share of each slice stashed
+    (`_stashing_splits` takes more slices where they do fit). Slices hold at least two vectors per
+    thread of a 512-thread block; never more slices than SMs (a round holds whole rows: see
+    codegen's js_step)."""
     most = max(1, min(c // (2 * CHUNKED_TPR * vec), target.sm_count))  # a row's blocks all resident
-    splits = min(most, (2 * target.sm_count + n) // (2 * max(1, n)))  # SMs per row, rounded
+    splits = min(most, target.sm_count // max(1, n))
     return splits if splits >= 2 else 1
+
+
+def _stashing_splits(n: int, c: int, vec: int, budget: int, first: int, itemsizes, target: Target,
+                     max_tpr: int) -> int:
+    """The fewest blocks per row, from `first` up, whose slices all fit in the shared memory of one
+    round of resident blocks: then HBM serves each row once, where `first` would re-read the part
+    of every slice left out of the stash in each pass after the first (H100, log-softmax statistics
+    over 24 rows of 256k float32: 11 slices wholly stashed 15.6 us, 6 slices half stashed 22.0 us).
+    `first` when no count does (the rows outgrow the GPU's shared memory)."""
+    most = max(1, min(c // (2 * CHUNKED_TPR * vec), target.sm_count))
+    for k in range(first, most + 1):
+        tpr, vpt, chunks = _row_shape(math.ceil(c / k / vec) * vec, vec, budget, max_tpr)
+        want = -(-n * k // target.sm_count)  # blocks per SM for one round of (row, slice) tasks
+        if want * tpr > target.max_threads_per_sm:
+            break
+        stage = sum(stash_slot_bytes(tpr, chunks, vpt, vec, i) for i in itemsizes)
+        if _per_sm_by_smem(stage, target) >= want:
+            return k
+    return first
 
 
 def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_reduced: bool,
@@ -254,7 +279,12 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     # Few long rows: each split over several blocks (JAXSTITCH_TUNE splits=1 never splits).
     if chunks > 1 and splittable and not col_partials and tuning.splits != 1:
         # (a forced K is kept to the SMs: a round of tasks must hold a whole row)
-        splits = min(tuning.splits, target.sm_count) if tuning.splits else split_count(n, c, vec, target)
+        if tuning.splits:
+            splits = min(tuning.splits, target.sm_count)
+        else:
+            splits = split_count(n, c, vec, target)
+            if splits > 1 and _async_copyable(vec, stash_itemsizes):
+                splits = _stashing_splits(n, c, vec, budget, splits, stash_itemsizes, target, tuning.max_tpr)
         if splits > 1:
             slice_cols = math.ceil(c / splits / vec) * vec  # slices start on a vector
             splits = math.ceil(c / slice_cols)
@@ -283,7 +313,8 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
         stages = 2  # a next-row buffer that still leaves room for 4 blocks per SM
     stash_chunks = 0
     if splits > 1 and copyable:
-        want = min(-(-n * splits // target.sm_count), target.max_threads_per_sm // block)
+        rows = min(n, tuning.split_rows or n)
+        want = min(-(-rows * splits // target.sm_count), target.max_threads_per_sm // block)
         held = _split_stash(stage // chunks, chunks, want, target)
         if held:
             stash, stages = SHARED, 1

@@ -11,7 +11,6 @@ from .layout import COL, FULL, GATHER, MEMORY, Layout, Unplannable, place
 from .mapping import Mapping
 from .online import OnlineSum, find_online_sums
 
-BARRIER_BYTES = 16  # the grid barrier's counter at the head of the workspace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +171,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
             for v in row_inputs:
                 stash.append(StashSlot(v.id, at))
                 at += mapping_mod.stash_slot_bytes(mp.block, mp.stashed_chunks, mp.vpt, mp.vec, v.itemsize)
-        reductions, offset = [], BARRIER_BYTES // 4
+        reductions, offset = [], 0  # (the grid barrier keeps its state in the module: csrc_templates)
         for op in grid_ops:
             size = layout.n_cols if layout.of(op.outputs[0]).declared == COL else 1
             reductions.append(GridReduction(op.outputs[0].id, offset, size))
