@@ -382,7 +382,8 @@ __device__ __forceinline__ void js_group_arg_reduce(float& v, int& i) {
 
 // The grid barrier's state: globals of the loaded module, so zero when the launcher loads it, and left
 // as found by every completed barrier (the arrivals wrap back to 0; the generation only grows). No
-// launch needs a memset before it. The grid is cooperatively launched (all blocks co-resident); one
+// launch needs a memset before it (which cost a launch ~1 us of GPU time and up to ~20 us of waiting
+// for the kernel behind it, H100). The grid is cooperatively launched (all blocks co-resident); one
 // module's launches run one after another on XLA's stream, never two at once.
 __device__ unsigned int js_bar_arrived;
 __device__ unsigned int js_bar_generation;
@@ -393,14 +394,19 @@ __device__ __forceinline__ unsigned int js_load_acquire(const unsigned int* p) {
   return v;
 }
 
-// A grid-wide barrier: a block's thread 0 reads the generation before arriving; the last block to
-// arrive (atomicInc wraps the arrivals to 0 at gridDim.x) opens the next generation, which the others
-// wait for. Readers of what other blocks wrote before the barrier load it with __ldcg (L2), never
-// through a possibly stale L1 line.
-__device__ __forceinline__ void js_grid_sync() {
+// The generation a launch starts at: read by each block at its start, where the load's latency hides
+// (no barrier can complete before every block has arrived at it).
+__device__ __forceinline__ unsigned int js_grid_generation() {
+  return threadIdx.x == 0 ? js_load_acquire(&js_bar_generation) : 0u;
+}
+
+// A grid-wide barrier; `generation`: the block's count of barriers opened (js_grid_generation at
+// the start). The last block to arrive (atomicInc wraps the arrivals to 0 at gridDim.x) opens the
+// next generation, which the others wait for. Readers of what other blocks wrote before the barrier
+// load it with __ldcg (L2), never through a possibly stale L1 line.
+__device__ __forceinline__ void js_grid_sync(unsigned int& generation) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    const unsigned int generation = js_load_acquire(&js_bar_generation);
     __threadfence();
     if (atomicInc(&js_bar_arrived, gridDim.x - 1) == gridDim.x - 1) {
       __threadfence();
@@ -408,6 +414,7 @@ __device__ __forceinline__ void js_grid_sync() {
     } else {
       while (js_load_acquire(&js_bar_generation) == generation) {}
     }
+    ++generation;
   }
   __syncthreads();
 }

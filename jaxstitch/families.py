@@ -197,10 +197,11 @@ def _differs(a: Compiled, b: Compiled | None) -> str | None:
 
 # The row counts whose split counts (mapping.split_count: at most one (row, slice) task per SM) make
 # a long-row family's ladder of split variants, close enough that each rung's fewest rows still give
-# half the SMs or more a task: with four rungs (1, 8, 32, 64 rows: 64, 16, 4 and 2 slices) the rows
-# just past a bound ran 0.74-0.94x of jax.jit (H100, 262144 float32: 3, 9, 16 and 34 rows), the
-# rows filling a rung 0.99-1.85x.
-LADDER_ROWS = (1, 4, 8, 16, 24, 32, 44, 64)
+# most SMs a task: with four rungs (1, 8, 32, 64 rows: 64, 16, 4 and 2 slices) the rows just past a
+# bound ran 0.74-0.94x of jax.jit (H100, 262144 float32: 3, 9, 16 and 34 rows), the rows filling a
+# rung 0.99-1.85x. With these nine, 5-8, 17 and 34 rows run 0.94-0.97x: a rung at 20 rows did
+# not move 17 rows (17.0 us at 5 or 6 slices), whose time follows the bytes each block reads.
+LADDER_ROWS = (1, 4, 8, 16, 20, 24, 32, 44, 64)
 
 
 def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) -> tuple[tuple[int, Compiled], ...]:

@@ -150,6 +150,7 @@ def render(plan: KernelPlan | TilePlan | RemotePlan) -> Source:
     pro("const int ch = 0;  // the chunk, for code outside chunk loops")
     if m.cooperative:
         pro("float* js_ws = reinterpret_cast<float*>(ws);")
+        pro("unsigned int js_gen = js_grid_generation();  // (read long before the first barrier)")
     if k.split:
         pro("unsigned int js_round = 0;  // grid barriers crossed (combine_slices)")
         # Rounds of whole rows: a row's slices must meet at the same barriers, so each round runs

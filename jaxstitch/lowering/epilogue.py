@@ -51,7 +51,7 @@ def render_epilogue(k: Kernel, w: Writer, shared: Writer, grid_ops, epi_ops):
             w(f"  if (tid == 0) {{ for (int j = 1; j < BLOCK / 32; ++j) t = {fn}(t, js_scr[j]); js_ws[{off} + blockIdx.x] = t; }}")
             w("  __syncthreads();")
             w("}")
-    w("js_grid_sync();")
+    w("js_grid_sync(js_gen);")
     scalar_ops = [op for op in grid_ops if layout.of(op.outputs[0]).declared != COL]
     col_ops = [op for op in grid_ops if layout.of(op.outputs[0]).declared == COL]
     for op in scalar_ops:

@@ -220,7 +220,7 @@ def combine_slices(k: Kernel, w: Writer, slots):
         w(f"  js_ws[{offsets[o]} + (js_round & 1u) * {cap} + blockIdx.x] = {val};")
     w("}")
     w("++js_round;")
-    w("js_grid_sync();")
+    w("js_grid_sync(js_gen);")
     w("if (row_ok) {")
     def getter(o, kind):
         at = f"js_ws + {offsets[o]} + ((js_round - 1u) & 1u) * {cap} + (blockIdx.x / SPLITS) * SPLITS"
