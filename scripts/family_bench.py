@@ -27,7 +27,8 @@ import jaxstitch  # noqa: E402
 from device_time import one_call  # noqa: E402
 from test_families import token_stats  # noqa: E402
 
-CASES = ((30522, (1, 8, 64, 512, 4096)), (262144, (1, 2, 4, 8, 16, 24, 32, 47, 64, 96, 128, 512)))  # (+ either side of a variant's bound)
+CASES = ((30522, (1, 8, 64, 512, 4096)),  # (and the rows either side of each variant's bound)
+         (262144, (1, 2, 4, 8, 16, 24, 32, 47, 64, 96, 128, 512)))
 CALLS = 7
 
 

@@ -232,9 +232,14 @@ def split_count(n: int, c: int, vec: int, target: Target) -> int:
     (`_stashing_splits` takes more slices where they do fit). Slices hold at least two vectors per
     thread of a 512-thread block; never more slices than SMs (a round holds whole rows: see
     codegen's js_step)."""
-    most = max(1, min(c // (2 * CHUNKED_TPR * vec), target.sm_count))  # a row's blocks all resident
-    splits = min(most, target.sm_count // max(1, n))
+    splits = min(_most_splits(c, vec, target), target.sm_count // max(1, n))
     return splits if splits >= 2 else 1
+
+
+def _most_splits(c: int, vec: int, target: Target) -> int:
+    """Slices of at least two vectors per thread of a 512-thread block, no more than SMs (a row's
+    blocks all resident)."""
+    return max(1, min(c // (2 * CHUNKED_TPR * vec), target.sm_count))
 
 
 def _stashing_splits(n: int, c: int, vec: int, budget: int, first: int, itemsizes, target: Target,
@@ -242,10 +247,10 @@ def _stashing_splits(n: int, c: int, vec: int, budget: int, first: int, itemsize
     """The fewest blocks per row, from `first` up, whose slices all fit in the shared memory of one
     round of resident blocks: then HBM serves each row once, where `first` would re-read the part
     of every slice left out of the stash in each pass after the first (H100, log-softmax statistics
-    over 24 rows of 256k float32: 11 slices wholly stashed 15.6 us, 6 slices half stashed 22.0 us).
-    `first` when no count does (the rows outgrow the GPU's shared memory)."""
-    most = max(1, min(c // (2 * CHUNKED_TPR * vec), target.sm_count))
-    for k in range(first, most + 1):
+    over 24 rows of 256k float32: 11 slices wholly stashed 15.6-18.0 us in three runs, 6 slices
+    half stashed 22.0 us in one; 5 and 10 slices, partly stashed, 18.5 and 18.8: a small gain at
+    most). `first` when no count does (the rows outgrow the GPU's shared memory)."""
+    for k in range(first, _most_splits(c, vec, target) + 1):
         tpr, vpt, chunks = _row_shape(math.ceil(c / k / vec) * vec, vec, budget, max_tpr)
         want = -(-n * k // target.sm_count)  # blocks per SM for one round of (row, slice) tasks
         if want * tpr > target.max_threads_per_sm:

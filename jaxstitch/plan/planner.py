@@ -12,7 +12,6 @@ from .mapping import Mapping
 from .online import OnlineSum, find_online_sums
 
 
-
 @dataclasses.dataclass(frozen=True)
 class GridReduction:
     """A value reduced over the whole grid: per-block partials at `offset` (floats) in the workspace."""
