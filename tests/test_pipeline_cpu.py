@@ -554,6 +554,22 @@ def test_few_long_rows_are_split(fn, specs):
     assert re.search(r"rows split over \d+ blocks", r.mapping), str(report)
 
 
+@pytest.mark.parametrize("rows,splits", [(1, 64), (8, 16), (24, 11), (32, 4), (47, 2), (67, 1)])
+def test_long_rows_split_at_most_one_task_per_sm(rows, splits):
+    """A row of 262144 float32 split over blocks: at most one (row, slice) task per SM of an H100's
+    132 (8 rows: 16 slices, not 17, which left four SMs two tasks each: 15.3 against 12.1 us), then
+    more slices where one round of resident blocks then stashes them whole (24 rows: 11, not 5).
+    67 rows and more: a block per row."""
+    def stats(x):
+        lp = jax.nn.log_softmax(x, axis=-1)
+        return lp.mean(-1), jnp.max(lp, -1)
+    with force_stitching():
+        report = explain(stats, S((rows, 262144), jnp.float32), target="h100")
+    mappings = [r.mapping for r in report.regions if r.stitched]
+    got = [int(m) for m in re.findall(r"rows split over (\d+) blocks", " ".join(mappings))] or [1]
+    assert set(got) == {splits}, str(report)
+
+
 def test_long_rows_with_column_reductions_are_declined():
     """A layernorm backward over rows too long for registers would need per-thread column partials for
     every chunk: declined with the reason, left to XLA."""
