@@ -199,9 +199,15 @@ def _differs(a: Compiled, b: Compiled | None) -> str | None:
 # a long-row family's ladder of split variants, close enough that each rung's fewest rows still give
 # most SMs a task: with four rungs (1, 8, 32, 64 rows: 64, 16, 4 and 2 slices) the rows just past a
 # bound ran 0.74-0.94x of jax.jit (H100, 262144 float32: 3, 9, 16 and 34 rows), the rows filling a
-# rung 0.99-1.85x. With these nine, 5-8, 17 and 34 rows run 0.94-0.97x: a rung at 20 rows did
-# not move 17 rows (17.0 us at 5 or 6 slices), whose time follows the bytes each block reads.
-LADDER_ROWS = (1, 4, 8, 16, 20, 24, 32, 44, 64)
+# rung 0.99-1.85x. Rungs at 4 and 8 rows (33 and 16 slices) lost to the first rung's small slices
+# (below); a rung at 20 rows did not move 17 rows (17.0 us at 5 or 6 slices, 0.95x), whose time
+# follows the bytes each block reads.
+LADDER_ROWS = (1, 16, 20, 24, 32, 44, 64)
+# A stashed slice this small runs up to four to an SM (H100, 262144 float32: 64 slices of 16 KB at 3-8
+# rows 9.2-10.9 us, jax.jit 10.3-12.2; 16 slices one to an SM at 5-8 rows 11.1-12.9 us). Larger
+# ones one to an SM: 33 slices of 32 KB up to four to an SM ran 9 and 16 rows at 0.60x.
+SMALL_SLICE_BYTES = 16 * 1024
+SMALL_SLICES_PER_SM = 4
 
 
 def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) -> tuple[tuple[int, Compiled], ...]:
@@ -209,8 +215,8 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
     several blocks, for row counts too few to give every SM a row (a served request of one short
     sequence over a vocabulary of 256k). A ladder, one rung per split count of LADDER_ROWS, each
     launched while its tasks are at most one per SM (below SMs // splits + 1 rows, the bound the
-    launcher compares with), where the cost model expects it to beat the member at the rung's
-    rows. Planned at both samples (forced past the cost model's verdict, which priced the samples'
+    launcher compares with; four per SM for slices of SMALL_SLICE_BYTES), where the cost model
+    expects it to beat the member at the rung's rows. Planned at both samples (forced past the cost model's verdict, which priced the samples'
     many rows) and kept only where both agree, as members are."""
     m = a.plan.kernel.mapping
     if m.chunks == 1 or m.splits > 1 or not cfg.tuning.variants:
@@ -232,8 +238,18 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
         if why is not None:
             log.info("region %d: no variant over %d blocks a row (%s)", a.plan.region.id, k, why)
             continue
-        ladder[k] = (target.sm_count // va.plan.kernel.mapping.splits + 1, va)
-    return tuple(sorted(ladder.values(), key=lambda bv: bv[0]))  # (the launcher takes the first that fits)
+        vm = va.plan.kernel.mapping
+        per_sm = 1 if vm.smem_bytes > SMALL_SLICE_BYTES else min(SMALL_SLICES_PER_SM, vm.max_grid // target.sm_count)
+        ladder[k] = (target.sm_count * max(1, per_sm) // vm.splits + 1, va)
+    # The launcher takes the first variant whose bound exceeds the rows: most slices first, and a
+    # rung that holds no more rows than one before it is never reached.
+    kept, reach = [], 1
+    for k in sorted(ladder, reverse=True):
+        below, v = ladder[k]
+        if below > reach:
+            kept.append((below, v))
+            reach = below
+    return tuple(kept)
 
 
 def _variant_us(v: Compiled, n: int, target: Target) -> float:

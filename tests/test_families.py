@@ -84,7 +84,7 @@ def token_stats(x):
 def test_long_rows_get_a_ladder_of_split_row_variants_for_few_rows(fresh_cache, monkeypatch):
     """A family of long rows runs a block per row; for fewer rows than SMs, a ladder of variants
     splits each row over several blocks (more blocks for fewer rows, at most one (row, slice) task
-    per SM), the launcher picking the first whose bound exceeds the rows. Each variant's source is
+    per SM, four for 16 KB slices), the launcher picking the first whose bound exceeds the rows. Each variant's source is
     the same at both samples (its workspace does not grow with the rows), and its stash is sized
     for the rows it runs at, not the samples'."""
     b, s = jax.export.symbolic_shape("b, s")
@@ -96,7 +96,8 @@ def test_long_rows_get_a_ladder_of_split_row_variants_for_few_rows(fresh_cache, 
               for v in region.variants if "XLA" not in v]
     bounds, splits = [int(b) for b, _, _ in ladder], [int(k) for _, k, _ in ladder]
     assert bounds == sorted(bounds) and splits == sorted(splits, reverse=True) and len(ladder) >= 3
-    assert all(b == 132 // k + 1 for b, k in zip(bounds, splits))  # at most one task per SM
+    assert bounds[0] == 132 * 4 // splits[0] + 1  # small slices: four tasks per SM
+    assert all(b == 132 // k + 1 for b, k in zip(bounds[1:], splits[1:]))  # else at most one
     assert "shared stash of 1," not in " ".join(v for *_, v in ladder)  # (sized for the samples' rows)
     assert "below" in str(rep)
     short = jax.ShapeDtypeStruct((b, s, 30522), jnp.float32)
