@@ -203,9 +203,10 @@ def _differs(a: Compiled, b: Compiled | None) -> str | None:
 # (below); a rung at 20 rows did not move 17 rows (17.0 us at 5 or 6 slices, 0.95x), whose time
 # follows the bytes each block reads.
 LADDER_ROWS = (1, 16, 20, 24, 32, 44, 64)
-# A stashed slice this small runs up to four to an SM (H100, 262144 float32: 64 slices of 16 KB at 3-8
-# rows 9.2-10.9 us, jax.jit 10.3-12.2; 16 slices one to an SM at 5-8 rows 11.1-12.9 us). Larger
-# ones one to an SM: 33 slices of 32 KB up to four to an SM ran 9 and 16 rows at 0.60x.
+# A stashed slice this small runs up to four to an SM (H100, 262144 float32: 64 slices of 16 KB at 4
+# and 8 rows 9.2 and 10.9 us, jax.jit 10.3 and 12.2; 33 and 16 slices one to an SM there 9.7 and
+# 12.9 us). Larger ones one to an SM: 33 slices of 32 KB up to four to an SM ran 9 and 16 rows at
+# 0.60x.
 SMALL_SLICE_BYTES = 16 * 1024
 SMALL_SLICES_PER_SM = 4
 
@@ -216,8 +217,9 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
     sequence over a vocabulary of 256k). A ladder, one rung per split count of LADDER_ROWS, each
     launched while its tasks are at most one per SM (below SMs // splits + 1 rows, the bound the
     launcher compares with; four per SM for slices of SMALL_SLICE_BYTES), where the cost model
-    expects it to beat the member at the rung's rows. Planned at both samples (forced past the cost model's verdict, which priced the samples'
-    many rows) and kept only where both agree, as members are."""
+    expects it to beat the member at the rung's rows. Planned at both samples (forced past the
+    cost model's verdict, which priced the samples' many rows) and kept only where both agree, as
+    members are."""
     m = a.plan.kernel.mapping
     if m.chunks == 1 or m.splits > 1 or not cfg.tuning.variants:
         return ()
@@ -239,8 +241,10 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
             log.info("region %d: no variant over %d blocks a row (%s)", a.plan.region.id, k, why)
             continue
         vm = va.plan.kernel.mapping
-        per_sm = 1 if vm.smem_bytes > SMALL_SLICE_BYTES else min(SMALL_SLICES_PER_SM, vm.max_grid // target.sm_count)
-        ladder[k] = (target.sm_count * max(1, per_sm) // vm.splits + 1, va)
+        per_sm = 1
+        if vm.smem_bytes <= SMALL_SLICE_BYTES:
+            per_sm = max(1, min(SMALL_SLICES_PER_SM, vm.max_grid // target.sm_count))
+        ladder[k] = (target.sm_count * per_sm // vm.splits + 1, va)
     # The launcher takes the first variant whose bound exceeds the rows: most slices first, and a
     # rung that holds no more rows than one before it is never reached.
     kept, reach = [], 1
