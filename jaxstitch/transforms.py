@@ -27,6 +27,7 @@ from .lowering.primitive import stitch_p
 from .families import sample_size
 from .stitcher import restitch_or_xla
 
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Unzipped:
     """A traced function split by dependence on its unknown inputs (see `unzip`)."""

@@ -431,8 +431,8 @@ ffi::Error Execute(CUstream stream, ffi::RemainingArgs args,
                0xFF, buf.value()->size_bytes(), stream);
     }
   }
-  // (A kernel with a grid barrier keeps the barrier's state in its module,
-  // zeroed at load and left zeroed by every launch: no memset here.)
+  // (A kernel with a grid barrier keeps the barrier's state in its module:
+  // its arrival count is zero at load and after every barrier, so no memset.)
 
   const unsigned b = static_cast<unsigned>(block);
   const unsigned s = static_cast<unsigned>(smem);
