@@ -195,41 +195,60 @@ def _differs(a: Compiled, b: Compiled | None) -> str | None:
     return None
 
 
-# The row counts whose split counts (mapping.split_count: at most one (row, slice) task per SM) make
-# a long-row family's ladder of split variants, close enough that each rung's fewest rows still give
-# most SMs a task: with four rungs (1, 8, 32, 64 rows: 64, 16, 4 and 2 slices) the rows just past a
-# bound ran 0.74-0.94x of jax.jit (H100, 262144 float32: 3, 9, 16 and 34 rows), the rows filling a
-# rung 0.99-1.85x. Rungs at 4 and 8 rows (33 and 16 slices) lost to the first rung's small slices
-# (below); a rung at 20 rows did not move 17 rows (17.0 us at 5 or 6 slices, 0.95x), whose time
-# follows the bytes each block reads.
-LADDER_ROWS = (1, 16, 20, 24, 32, 44, 64)
+# The row counts whose split counts (mapping.split_count: at most one (row, slice) task per SM, or
+# two where one leaves over a fifth of the SMs idle) make a long-row family's rungs of split
+# variants, close enough that each row count finds one that keeps most SMs busy: with four rungs
+# (1, 8, 32, 64 rows: 64, 16, 4 and 2 slices) the rows just past a bound ran 0.74-0.94x of jax.jit
+# (H100, 262144 float32: 3, 9, 16 and 34 rows), the rows filling a rung 0.99-1.85x. Rungs at 4 and
+# 8 rows (33 and 16 slices) lost to the first rung's small slices (below); 17 rows ran 17.0 us on 6
+# slices (0.95x), 15.6 on 7 (1.05x); 34 rows 27.6 us on 3 slices (0.97x), 26.9 on 7 two to an SM
+# (1.01x); 67 rows 59.0 us a block per row, 44.9 on 3 slices two to an SM (1.73x).
+LADDER_ROWS = (1, 16, 17, 20, 24, 32, 34, 44, 47, 64, 67)
 # A stashed slice this small runs up to four to an SM (H100, 262144 float32: 64 slices of 16 KB at 4
 # and 8 rows 9.2 and 10.9 us, jax.jit 10.3 and 12.2; 33 and 16 slices one to an SM there 9.7 and
-# 12.9 us). Larger ones one to an SM: 33 slices of 32 KB up to four to an SM ran 9 and 16 rows at
-# 0.60x.
+# 12.9 us). Larger ones one or two to an SM: 33 slices of 32 KB up to four to an SM ran 9 and 16
+# rows at 0.60x.
 SMALL_SLICE_BYTES = 16 * 1024
 SMALL_SLICES_PER_SM = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Rung:
+    """A split variant of a long-row family: `splits` blocks a row, up to `per_sm` (row, slice)
+    tasks to an SM (its stash sized for that), so it runs up to `most_rows` rows in one round."""
+    splits: int
+    per_sm: int
+    most_rows: int
+    compiled: Compiled
+
+    def tasks_per_sm(self, rows: int, target: Target) -> int:
+        return -(-rows * self.splits // target.sm_count)
+
+    def busiest_sm_rows(self, rows: int, target: Target) -> float:
+        """The share of a row the busiest SM reads: what a split kernel's time follows (about 5 us
+        plus the bytes each SM reads, H100, session 17)."""
+        return self.tasks_per_sm(rows, target) / self.splits
 
 
 def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) -> tuple[tuple[int, Compiled], ...]:
     """For a member whose long rows run a block each: the same region with each row split over
     several blocks, for row counts too few to give every SM a row (a served request of one short
-    sequence over a vocabulary of 256k). A ladder, one rung per split count of LADDER_ROWS, each
-    launched while its tasks are at most one per SM (below SMs // splits + 1 rows, the bound the
-    launcher compares with; four per SM for slices of SMALL_SLICE_BYTES), where the cost model
-    expects it to beat the member at the rung's rows. Planned at both samples (forced past the
-    cost model's verdict, which priced the samples' many rows) and kept only where both agree, as
-    members are."""
+    sequence over a vocabulary of 256k). One rung per (split count, tasks per SM) of LADDER_ROWS,
+    where the cost model expects it to beat the member at the rung's rows; each row count then
+    runs the rung whose busiest SM reads least (`_rows_to_rungs`). Planned at both samples (forced
+    past the cost model's verdict, which priced the samples' many rows) and kept only where both
+    agree, as members are."""
     m = a.plan.kernel.mapping
     if m.chunks == 1 or m.splits > 1 or not cfg.tuning.variants:
         return ()
-    ladder: dict[int, tuple[int, Compiled]] = {}
+    rungs: dict[tuple[int, int], Rung] = {}
     for n in LADDER_ROWS:
         k = mapping_mod.split_count(n, m.n_cols, m.vec, target)
-        if k < 2 or k in ladder:
+        per_sm = -(-n * k // target.sm_count)
+        if k < 2 or (k, per_sm) in rungs:
             continue
         forced = dataclasses.replace(cfg, tuning=dataclasses.replace(
-            cfg.tuning, splits=k, min_gain_pct=0, split_rows=target.sm_count // k))
+            cfg.tuning, splits=k, min_gain_pct=0, split_rows=target.sm_count * per_sm // k))
         plan = plan_region(a.plan.region, target, forced.tuning)
         if plan.kernel is None or plan.kernel.mapping.splits < 2:
             continue
@@ -241,19 +260,32 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
             log.info("region %d: no variant over %d blocks a row (%s)", a.plan.region.id, k, why)
             continue
         vm = va.plan.kernel.mapping
-        per_sm = 1
+        runs = per_sm
         if vm.smem_bytes <= SMALL_SLICE_BYTES:
-            per_sm = max(1, min(SMALL_SLICES_PER_SM, vm.max_grid // target.sm_count))
-        ladder[k] = (target.sm_count * per_sm // vm.splits + 1, va)
-    # The launcher takes the first variant whose bound exceeds the rows: most slices first, and a
-    # rung that holds no more rows than one before it is never reached.
-    kept, reach = [], 1
-    for k in sorted(ladder, reverse=True):
-        below, v = ladder[k]
-        if below > reach:
-            kept.append((below, v))
-            reach = below
-    return tuple(kept)
+            runs = max(per_sm, min(SMALL_SLICES_PER_SM, vm.max_grid // target.sm_count))
+        rungs[(k, per_sm)] = Rung(vm.splits, runs, target.sm_count * runs // vm.splits, va)
+    return _rows_to_rungs(tuple(rungs.values()), m, target)
+
+
+def _rows_to_rungs(rungs: tuple[Rung, ...], m: mapping_mod.Mapping, target: Target) -> tuple[tuple[int, Compiled], ...]:
+    """(bound, variant) pairs in the launcher's order (it takes the first whose bound exceeds the
+    rows): each row count up to the rungs' most goes to the rung that holds it in one round and
+    whose busiest SM reads least; two tasks of large slices to an SM only where the member's
+    mapping would split the rows so (`mapping.split_count`: one to an SM leaves over a fifth of
+    them idle). Ties go to more slices (H100, 8 rows of 256k: 64 slices four to an SM 10.9 us, 16
+    one to an SM 12.9), then to a stash sized for fewer tasks per SM (it holds more). A rung that
+    wins two separate ranges appears twice."""
+    out: list[tuple[int, Compiled]] = []
+    for rows in range(1, max((r.most_rows for r in rungs), default=0) + 1):
+        two = rows * mapping_mod.split_count(rows, m.n_cols, m.vec, target) > target.sm_count
+        fit = [r for r in rungs if rows <= r.most_rows
+               and (two or r.per_sm > 2 or r.tasks_per_sm(rows, target) == 1)]
+        best = min(fit, key=lambda r: (r.busiest_sm_rows(rows, target), -r.splits, r.per_sm))
+        if out and out[-1][1] is best.compiled:
+            out[-1] = (rows + 1, best.compiled)
+        else:
+            out.append((rows + 1, best.compiled))
+    return tuple(out)
 
 
 def _variant_us(v: Compiled, n: int, target: Target) -> float:

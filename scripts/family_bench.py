@@ -28,7 +28,7 @@ from device_time import one_call  # noqa: E402
 from test_families import token_stats  # noqa: E402
 
 CASES = ((30522, (1, 8, 64, 512, 4096)),  # (and the rows either side of each variant's bound)
-         (262144, (1, 2, 4, 8, 16, 24, 32, 47, 64, 96, 128, 512)))
+         (262144, (1, 2, 4, 8, 16, 17, 24, 32, 34, 40, 47, 64, 80, 96, 128, 512)))
 CALLS = 7
 
 

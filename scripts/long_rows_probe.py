@@ -7,7 +7,10 @@ jax.jit against jaxstitch plans (default and forced splits), each call's GPU eve
 
 Prints, per (rows, program): the span of a median call, then that call's events as
 `+start name dur` in µs, so launch gaps, memsets and kernel times separate. A GPU machine with
-torch (its CUPTI profiler); a diagnosis tool, not a benchmark of record.
+torch (its CUPTI profiler); a diagnosis tool, not a benchmark of record: it times each program's
+calls together, one program after another, and that order alone moved one cubin 10% (34 rows,
+26.8 us timed second, 24.4 timed fifth). Compare plans with scripts/family_vs_fixed.py or
+family_bench.py, which take programs in turns.
 """
 import argparse
 import os

@@ -27,6 +27,13 @@ MIN_THREADS_PER_SM = 768  # registers are capped (launch bounds) so that this ma
 REGISTERS, SHARED, GLOBAL = "registers", "shared", "global"
 STATIC_SMEM_RESERVE = 4 * 1024  # reduction scratch next to a shared stash
 SMEM_PER_BLOCK_SYSTEM = 1024    # what the hardware reserves per resident block (sm_80+)
+# One (row, slice) task per SM leaving fewer SMs busy than this share splits rows two to an SM
+# instead (`split_count`). H100, log-softmax statistics over 256k float32, the family bench (calls
+# in turns with jax.jit's): 34 rows (77% busy at 3 slices) 27.6 -> 26.9 us on 7 slices, 47 rows
+# (71%) 33.2 -> 31.1 on 5, 67 rows (51%, a block per row) 59.0 -> 44.9 on 3. At 17, 20 and 27
+# rows (90, 91 and 82% busy) two to an SM ran -4 to +4% in a probe that times programs one after
+# another (whose order moved one kernel 10%: read those as ties).
+BUSY_SM_SHARE = 0.8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,17 +230,24 @@ def _most_chunks(chunk_bytes: int, most: int, least: int, per_sm: int, target: T
 
 
 def split_count(n: int, c: int, vec: int, target: Target) -> int:
-    """Blocks per row for few long rows: at most one (row, slice) task per SM (47 rows: 2). A few
+    """Blocks per row for few long rows: at most one (row, slice) task per SM (8 rows: 16), unless
+    that leaves more than a fifth of the SMs idle, where two to an SM take more slices than twice as
+    many (34 rows: 7 slices, not 3; 67 rows: 3, not a block per row; see BUSY_SM_SHARE). A few
     tasks more than SMs leave those SMs two while the rest wait at the barriers (H100, log-softmax
-    statistics over 8 rows of 256k float32: 17 slices 15.3 us, 16 slices 12.1; 47 rows: 3 slices
-    37.2, 2 slices 33.2). Two per SM measured slower where a stash does not take them whole (H200,
-    softmax fwd+bwd over 32 rows of 256k, 8 slices against 4: bfloat16 38.6 against 33.6 us,
-    float32 66 against 60): more barrier arrivals, and a smaller share of each slice stashed
-    (`_stashing_splits` takes more slices where they do fit). Slices hold at least two vectors per
-    thread of a 512-thread block; never more slices than SMs (a round holds whole rows: see
-    codegen's js_step)."""
-    splits = min(_most_splits(c, vec, target), target.sm_count // max(1, n))
-    return splits if splits >= 2 else 1
+    statistics over 8 rows of 256k float32: 17 slices 15.3 us, 16 slices 12.1). Two per SM
+    measured slower where one per SM keeps the SMs busy (H200, softmax fwd+bwd over 32 rows of
+    256k, 8 slices against 4: bfloat16 38.6 against 33.6 us, float32 66 against 60; H100
+    statistics, 9 rows: 29 slices 18.0 us against 14 slices 11.6). Two to an SM need the
+    kernel's registers to allow 1024 threads an SM (59 here), else its grid is capped and blocks
+    loop over tasks. `_stashing_splits` takes more slices where they stash whole. Slices hold at
+    least two vectors per thread of a 512-thread block; never more slices than SMs (a round holds
+    whole rows: see codegen's js_step)."""
+    most = _most_splits(c, vec, target)
+    one = min(most, target.sm_count // max(1, n))
+    two = min(most, 2 * target.sm_count // max(1, n))
+    if n * one < BUSY_SM_SHARE * target.sm_count and two > 2 * one:
+        return two
+    return one if one >= 2 else 1
 
 
 def _most_splits(c: int, vec: int, target: Target) -> int:
