@@ -241,11 +241,11 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
     m = a.plan.kernel.mapping
     if m.chunks == 1 or m.splits > 1 or not cfg.tuning.variants:
         return ()
-    rungs: dict[tuple[int, int], Rung] = {}
+    planned = []  # (rows, splits, tasks per SM, config): the rungs worth compiling
     for n in LADDER_ROWS:
         k = mapping_mod.split_count(n, m.n_cols, m.vec, target)
         per_sm = -(-n * k // target.sm_count)
-        if k < 2 or (k, per_sm) in rungs:
+        if k < 2 or any((k, per_sm) == p[1:3] for p in planned):
             continue
         forced = dataclasses.replace(cfg, tuning=dataclasses.replace(
             cfg.tuning, splits=k, min_gain_pct=0, split_rows=target.sm_count * per_sm // k))
@@ -254,6 +254,11 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
             continue
         if estimate_rows(plan, n, target).us >= estimate_rows(a.plan, n, target).us:
             continue
+        for c in (a, b):  # every rung's NVRTC side by side (it releases the GIL)
+            pipeline.prefetch(c.plan.region, target, forced)
+        planned.append((n, k, per_sm, forced))
+    rungs: dict[tuple[int, int], Rung] = {}
+    for n, k, per_sm, forced in planned:
         va, vb = (pipeline.compile_region(c.plan.region, target, forced) for c in (a, b))
         why = _differs(va, vb) or (None if va.plan.kernel.mapping.splits > 1 else "not split")
         if why is not None:

@@ -196,7 +196,7 @@ def stage(traced: trace_mod.Traced, target: Target, cfg: Config) -> Staged:
     if cfg.tuning.recompute:
         part = recompute_cheap_inputs(traced.graph, part, _fits_one_kernel)
     for r in part.regions:
-        _prefetch(r, target, cfg)
+        prefetch(r, target, cfg)
     return Staged(traced, part)
 
 
@@ -208,7 +208,7 @@ def complete(staged: Staged, target: Target, cfg: Config) -> Program:
     return program
 
 
-def _prefetch(region, target: Target, cfg: Config):
+def prefetch(region, target: Target, cfg: Config):
     """What compile_region tries first, compiling in the background (a wrong guess costs a compile
     thread, never a result: compile_region plans and looks the source up again)."""
     plan = plan_region(region, target, dataclasses.replace(cfg.tuning, max_tpr=_tprs(cfg)[0]))
