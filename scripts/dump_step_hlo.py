@@ -5,14 +5,13 @@ picks next to them), which only a GPU compile shows.
     python3 scripts/dump_step_hlo.py [--model bert|gpt|dien] [--dtype bfloat16]
 """
 import argparse
-import dataclasses
 import gzip
-import importlib
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "examples")]
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "examples")]
+from profile_step import load_example, model_arguments  # noqa: E402  (first: torch's CUDA context)
 
 import jax  # noqa: E402
 
@@ -20,15 +19,8 @@ import jaxstitch  # noqa: E402
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", default="bert", choices=["bert", "gpt", "dien"])
-    p.add_argument("--dtype", default=None)
-    args = p.parse_args()
-    example = importlib.import_module(f"{args.model}_train")
-    c = example.Config()
-    if args.dtype:
-        c = dataclasses.replace(c, dtype=args.dtype)
-    init, batch = example.make_init(c, 0), example.make_batches(c, 0)
+    args = model_arguments(argparse.ArgumentParser()).parse_args()
+    example, init, batch = load_example(args)
     out = os.environ.get("OUT", "/tmp")
     for name, jit in (("jit", jax.jit), ("stitch", jaxstitch.jit)):
         graphdef, state = init()

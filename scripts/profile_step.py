@@ -52,18 +52,27 @@ def print_gaps(gpu, host, top):
         print(f"  {dur:9.0f} us {n:5d}x  {name}")
 
 
-def main():
-    p = argparse.ArgumentParser()
+def model_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--model", default="bert", choices=["bert", "gpt", "dien"])
     p.add_argument("--dtype", default=None, help="bert and gpt: activations' dtype")
-    p.add_argument("--top", type=int, default=15)
-    p.add_argument("--gaps", action="store_true", help="also where the GPU idles, and the host's CUDA calls")
-    args = p.parse_args()
+    return p
+
+
+def load_example(args):
+    """(example module, init, batch) for the --model and --dtype asked for, seed 0."""
     example = importlib.import_module(f"{args.model}_train")
     c = example.Config()
     if args.dtype:
         c = dataclasses.replace(c, dtype=args.dtype)
-    init, batch = example.make_init(c, 0), example.make_batches(c, 0)
+    return example, example.make_init(c, 0), example.make_batches(c, 0)
+
+
+def main():
+    p = model_arguments(argparse.ArgumentParser())
+    p.add_argument("--top", type=int, default=15)
+    p.add_argument("--gaps", action="store_true", help="also where the GPU idles, and the host's CUDA calls")
+    args = p.parse_args()
+    example, init, batch = load_example(args)
     for name, jit in (("jax.jit", jax.jit), ("jaxstitch.jit", jaxstitch.jit)):
         graphdef, state = init()
         f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,))
