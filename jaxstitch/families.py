@@ -220,6 +220,7 @@ class Rung:
     per_sm: int
     most_rows: int
     compiled: Compiled
+    whole: bool = False  # two tasks to an SM whose slices their stash holds whole
 
     def tasks_per_sm(self, rows: int, target: Target) -> int:
         return -(-rows * self.splits // target.sm_count)
@@ -242,8 +243,7 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
     if m.chunks == 1 or m.splits > 1 or not cfg.tuning.variants:
         return ()
     planned = []  # (rows, splits, tasks per SM, config): the rungs worth compiling
-    for n in LADDER_ROWS:
-        k = mapping_mod.split_count(n, m.n_cols, m.vec, target)
+    for n, k in _rung_splits(m, target):
         per_sm = -(-n * k // target.sm_count)
         if k < 2 or any((k, per_sm) == p[1:3] for p in planned):
             continue
@@ -268,23 +268,37 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
         runs = per_sm
         if vm.smem_bytes <= SMALL_SLICE_BYTES:
             runs = max(per_sm, min(SMALL_SLICES_PER_SM, vm.max_grid // target.sm_count))
-        rungs[(k, per_sm)] = Rung(vm.splits, runs, target.sm_count * runs // vm.splits, va)
+        whole = (per_sm == 2 and vm.chunks > 1 and vm.stash == mapping_mod.SHARED
+                 and vm.stashed_chunks == vm.chunks)
+        rungs[(k, per_sm)] = Rung(vm.splits, runs, target.sm_count * runs // vm.splits, va, whole)
     return _rows_to_rungs(tuple(rungs.values()), m, target)
+
+
+def _rung_splits(m: mapping_mod.Mapping, target: Target):
+    """(rows, split count) of each rung to try: split_count's at LADDER_ROWS, and twice the slices
+    of one task per SM where that makes the busiest SM read less (two to an SM; kept where they
+    stash whole: `mapping._two_per_sm_whole`)."""
+    for n in LADDER_ROWS:
+        one = mapping_mod.split_count(n, m.n_cols, m.vec, target)
+        yield n, one
+        two = min(mapping_mod.most_splits(m.n_cols, m.vec, target), 2 * target.sm_count // n)
+        if n * two > target.sm_count and two > 2 * (target.sm_count // n) and two != one:
+            yield n, two
 
 
 def _rows_to_rungs(rungs: tuple[Rung, ...], m: mapping_mod.Mapping, target: Target) -> tuple[tuple[int, Compiled], ...]:
     """(bound, variant) pairs in the launcher's order (it takes the first whose bound exceeds the
     rows): each row count up to the rungs' most goes to the rung that holds it in one round and
-    whose busiest SM reads least; two tasks of large slices to an SM only where the member's
-    mapping would split the rows so (`mapping.split_count`: one to an SM leaves over a fifth of
-    them idle). Ties go to more slices (H100, 8 rows of 256k: 64 slices four to an SM 10.9 us, 16
+    whose busiest SM reads least; two tasks of large slices to an SM only where their stash holds
+    them whole or where the member's mapping would split the rows so (`mapping.split_count`: one
+    to an SM leaves over a fifth of them idle). Ties go to more slices (H100, 8 rows of 256k: 64 slices four to an SM 10.9 us, 16
     one to an SM 12.9), then to a stash sized for fewer tasks per SM (it holds more). A rung that
     wins two separate ranges appears twice."""
     out: list[tuple[int, Compiled]] = []
     for rows in range(1, max((r.most_rows for r in rungs), default=0) + 1):
         two = rows * mapping_mod.split_count(rows, m.n_cols, m.vec, target) > target.sm_count
         fit = [r for r in rungs if rows <= r.most_rows
-               and (two or r.per_sm > 2 or r.tasks_per_sm(rows, target) == 1)]
+               and (two or r.whole or r.per_sm > 2 or r.tasks_per_sm(rows, target) == 1)]
         best = min(fit, key=lambda r: (r.busiest_sm_rows(rows, target), -r.splits, r.per_sm))
         if out and out[-1][1] is best.compiled:
             out[-1] = (rows + 1, best.compiled)

@@ -242,7 +242,7 @@ def split_count(n: int, c: int, vec: int, target: Target) -> int:
     loop over tasks. `_stashing_splits` takes more slices where they stash whole. Slices hold at
     least two vectors per thread of a 512-thread block; never more slices than SMs (a round holds
     whole rows: see codegen's js_step)."""
-    most = _most_splits(c, vec, target)
+    most = most_splits(c, vec, target)
     one = min(most, target.sm_count // max(1, n))
     two = min(most, 2 * target.sm_count // max(1, n))
     if n * one < BUSY_SM_SHARE * target.sm_count and two > 2 * one:
@@ -250,7 +250,7 @@ def split_count(n: int, c: int, vec: int, target: Target) -> int:
     return one if one >= 2 else 1
 
 
-def _most_splits(c: int, vec: int, target: Target) -> int:
+def most_splits(c: int, vec: int, target: Target) -> int:
     """Slices of at least two vectors per thread of a 512-thread block, no more than SMs (a row's
     blocks all resident)."""
     return max(1, min(c // (2 * CHUNKED_TPR * vec), target.sm_count))
@@ -264,7 +264,7 @@ def _stashing_splits(n: int, c: int, vec: int, budget: int, first: int, itemsize
     over 24 rows of 256k float32: 11 slices wholly stashed 15.6-18.0 us in three runs, 6 slices
     half stashed 22.0 us in one; 5 and 10 slices, partly stashed, 18.5 and 18.8: a small gain at
     most). `first` when no count does (the rows outgrow the GPU's shared memory)."""
-    for k in range(first, _most_splits(c, vec, target) + 1):
+    for k in range(first, most_splits(c, vec, target) + 1):
         tpr, vpt, chunks = _row_shape(math.ceil(c / k / vec) * vec, vec, budget, max_tpr)
         want = -(-n * k // target.sm_count)  # blocks per SM for one round of (row, slice) tasks
         if want * tpr > target.max_threads_per_sm:
@@ -273,6 +273,24 @@ def _stashing_splits(n: int, c: int, vec: int, budget: int, first: int, itemsize
         if _per_sm_by_smem(stage, target) >= want:
             return k
     return first
+
+
+def _two_per_sm_whole(n: int, c: int, vec: int, budget: int, current: int, itemsizes, target: Target,
+                      max_tpr: int) -> int:
+    """Twice the slices of one task per SM, where two to an SM then stash whole and the busiest SM
+    reads less of a row than at `current` (H100, log-softmax statistics over 256k float32, timed in
+    turns: 17 rows 15 slices 14.6-15.0 us against 7 slices 15.6; 19 rows 13 against 6 slices 15.9
+    against 17.2; 27 rows, 9 slices not whole, 19.0-19.4 against 4 slices 18.4). Only slices walked
+    in chunks: 9 rows on 29 register-held slices of 1024 threads ran 18.2 us against 14 slices'
+    11.5. `current` otherwise."""
+    k = min(most_splits(c, vec, target), 2 * target.sm_count // max(1, n))
+    if n * k <= target.sm_count or 2 / k >= -(-n * current // target.sm_count) / current:
+        return current
+    tpr, vpt, chunks = _row_shape(math.ceil(c / k / vec) * vec, vec, budget, max_tpr)
+    if chunks == 1 or 2 * tpr > target.max_threads_per_sm:
+        return current
+    stage = sum(stash_slot_bytes(tpr, chunks, vpt, vec, i) for i in itemsizes)
+    return k if _per_sm_by_smem(stage, target) >= 2 else current
 
 
 def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_reduced: bool,
@@ -304,6 +322,7 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
             splits = split_count(n, c, vec, target)
             if splits > 1 and _async_copyable(vec, stash_itemsizes):
                 splits = _stashing_splits(n, c, vec, budget, splits, stash_itemsizes, target, tuning.max_tpr)
+                splits = _two_per_sm_whole(n, c, vec, budget, splits, stash_itemsizes, target, tuning.max_tpr)
         if splits > 1:
             slice_cols = math.ceil(c / splits / vec) * vec  # slices start on a vector
             splits = math.ceil(c / slice_cols)
