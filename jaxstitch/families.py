@@ -201,8 +201,9 @@ def _differs(a: Compiled, b: Compiled | None) -> str | None:
 # (1, 8, 32, 64 rows: 64, 16, 4 and 2 slices) the rows just past a bound ran 0.74-0.94x of jax.jit
 # (H100, 262144 float32: 3, 9, 16 and 34 rows), the rows filling a rung 0.99-1.85x. Rungs at 4 and
 # 8 rows (33 and 16 slices) lost to the first rung's small slices (below); 17 rows ran 17.0 us on 6
-# slices (0.95x), 15.6 on 7 (1.05x); 34 rows 27.6 us on 3 slices (0.97x), 26.9 on 7 two to an SM
-# (1.01x); 67 rows 59.0 us a block per row, 44.9 on 3 slices two to an SM (1.73x).
+# slices (0.95x), 15.6 on 7 (1.05x), 14.9 on 15 two to an SM stashed whole (1.11x, `_rung_splits`);
+# 34 rows 27.6 us on 3 slices (0.97x), 26.9-27.8 on 7 two to an SM (0.98-1.01x); 67 rows 59.0 us a
+# block per row, 44.9 on 3 slices two to an SM (1.73x).
 LADDER_ROWS = (1, 16, 17, 20, 24, 32, 34, 44, 47, 64, 67)
 # A stashed slice this small runs up to four to an SM (H100, 262144 float32: 64 slices of 16 KB at 4
 # and 8 rows 9.2 and 10.9 us, jax.jit 10.3 and 12.2; 33 and 16 slices one to an SM there 9.7 and

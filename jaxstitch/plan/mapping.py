@@ -28,11 +28,11 @@ REGISTERS, SHARED, GLOBAL = "registers", "shared", "global"
 STATIC_SMEM_RESERVE = 4 * 1024  # reduction scratch next to a shared stash
 SMEM_PER_BLOCK_SYSTEM = 1024    # what the hardware reserves per resident block (sm_80+)
 # One (row, slice) task per SM leaving fewer SMs busy than this share splits rows two to an SM
-# instead (`split_count`). H100, log-softmax statistics over 256k float32, the family bench (calls
-# in turns with jax.jit's): 34 rows (77% busy at 3 slices) 27.6 -> 26.9 us on 7 slices, 47 rows
-# (71%) 33.2 -> 31.1 on 5, 67 rows (51%, a block per row) 59.0 -> 44.9 on 3. At 17, 20 and 27
-# rows (90, 91 and 82% busy) two to an SM ran -4 to +4% in a probe that times programs one after
-# another (whose order moved one kernel 10%: read those as ties).
+# instead (`split_count`), even where two do not stash whole. H100, log-softmax statistics over 256k
+# float32, the family bench (calls in turns with jax.jit's): 34 rows (77% busy at 3 slices) 27.6 ->
+# 26.9-27.8 us on 7 slices (a tie with jax.jit's 27.2: both bandwidth-bound, the input in L2), 47
+# rows (71%) 33.2 -> 31.1 on 5, 67 rows (51%, a block per row) 59.0 -> 44.9 on 3. At 27 rows (82%
+# busy) 9 slices two to an SM, a part of each re-read, ran 19.0-19.4 us against 4 slices' 18.4.
 BUSY_SM_SHARE = 0.8
 
 
