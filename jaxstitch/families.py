@@ -292,14 +292,17 @@ def _rows_to_rungs(rungs: tuple[Rung, ...], m: mapping_mod.Mapping, target: Targ
     rows): each row count up to the rungs' most goes to the rung that holds it in one round and
     whose busiest SM reads least; two tasks of large slices to an SM only where their stash holds
     them whole or where the member's mapping would split the rows so (`mapping.split_count`: one
-    to an SM leaves over a fifth of them idle). Ties go to more slices (H100, 8 rows of 256k: 64 slices four to an SM 10.9 us, 16
-    one to an SM 12.9), then to a stash sized for fewer tasks per SM (it holds more). A rung that
-    wins two separate ranges appears twice."""
+    to an SM leaves over a fifth of them idle). Ties go to more slices (H100, 8 rows of 256k: 64
+    slices four to an SM 10.9 us, 16 one to an SM 12.9), then to a stash sized for fewer tasks per
+    SM (it holds more). A rung that wins two separate ranges appears twice. The ladder ends at the
+    first row count no rung takes: the member runs from there on."""
     out: list[tuple[int, Compiled]] = []
     for rows in range(1, max((r.most_rows for r in rungs), default=0) + 1):
         two = rows * mapping_mod.split_count(rows, m.n_cols, m.vec, target) > target.sm_count
         fit = [r for r in rungs if rows <= r.most_rows
                and (two or r.whole or r.per_sm > 2 or r.tasks_per_sm(rows, target) == 1)]
+        if not fit:
+            break
         best = min(fit, key=lambda r: (r.busiest_sm_rows(rows, target), -r.splits, r.per_sm))
         if out and out[-1][1] is best.compiled:
             out[-1] = (rows + 1, best.compiled)

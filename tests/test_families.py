@@ -234,3 +234,22 @@ def test_export_of_transformed_stitched_functions_with_symbolic_batch(fresh_cach
             for got, w in zip(exp.call(x, g, beta), want):
                 np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-4)
     assert "jaxstitch_launch" in exp.mlir_module()  # (the stitched jax.grad: one family kernel)
+
+
+def test_rows_go_to_the_rung_whose_busiest_sm_reads_least():
+    """`_rows_to_rungs` on an H100's 132 SMs and rows of 262144 float32: each row count to the rung
+    that holds it in one round and whose busiest SM reads least; a rung of two tasks to an SM that
+    does not stash whole only where split_count splits so (34-37 rows), and the ladder ends at the
+    first row count no rung takes."""
+    from types import SimpleNamespace
+
+    from jaxstitch.families import Rung, _rows_to_rungs
+    from jaxstitch.targets import get_target
+    h100, m = get_target("h100"), SimpleNamespace(n_cols=262144, vec=4)
+    four, three, seven, seven_whole = (Rung(4, 1, 33, "4"), Rung(3, 1, 44, "3"), Rung(7, 2, 37, "7x2"),
+                                       Rung(7, 2, 37, "7x2 whole", whole=True))
+    assert _rows_to_rungs((four, three, seven), m, h100) == ((19, "7x2"), (34, "4"), (36, "7x2"), (45, "3"))
+    # stashed whole: two to an SM wherever the busiest SM reads less (not 19-33 rows: 2/7 of a row
+    # against 1/4), and a rung winning two ranges appears twice
+    assert _rows_to_rungs((four, seven_whole), m, h100) == ((19, "7x2 whole"), (34, "4"), (38, "7x2 whole"))
+    assert _rows_to_rungs((seven,), m, h100) == ((19, "7x2"),)  # 19 rows: not taken, the member's
