@@ -91,9 +91,10 @@ def _dense_i64(text: str) -> list[int]:
 def test_long_rows_get_a_ladder_of_split_row_variants_for_few_rows(fresh_cache, monkeypatch):
     """A family of long rows runs a block per row; for fewer rows than SMs, a ladder of variants
     splits each row over several blocks (at most one (row, slice) task per SM, two where they stash
-    whole or where one leaves over a fifth of the SMs idle, four for 16 KB slices), the launcher picking the first whose
-    bound exceeds the rows. Each variant's source is the same at both samples (its workspace does
-    not grow with the rows), and its stash is sized for the rows it runs at, not the samples'."""
+    whole or where one leaves over a fifth of the SMs idle, four for 16 KB slices), the launcher
+    picking the first whose bound exceeds the rows. Each variant's source is the same at both
+    samples (its workspace does not grow with the rows), and its stash is sized for the rows it
+    runs at, not the samples'."""
     b, s = jax.export.symbolic_shape("b, s")
     spec = jax.ShapeDtypeStruct((b, s, VOCAB), jnp.float32)
     rep = jaxstitch.explain(token_stats, spec, target="h100")  # (the target _export plans for)
@@ -110,6 +111,7 @@ def test_long_rows_get_a_ladder_of_split_row_variants_for_few_rows(fresh_cache, 
         if p == 2 and int(k) != splits[0]:  # two to an SM only where their stash holds them whole,
             # or where one to an SM leaves over a fifth of the SMs idle
             assert "stash of" not in rest or all(n * (132 // n) < 0.8 * 132 for n in range(lo, hi)), (lo, hi, k)
+
     def rung(rows):
         return next(k for b, k in zip(bounds, splits) if rows < b)
     assert rung(34) == rung(35) == 7 and rung(47) == 5  # two to an SM, not 3 and 2
@@ -239,7 +241,7 @@ def test_export_of_transformed_stitched_functions_with_symbolic_batch(fresh_cach
 def test_rows_go_to_the_rung_whose_busiest_sm_reads_least():
     """`_rows_to_rungs` on an H100's 132 SMs and rows of 262144 float32: each row count to the rung
     that holds it in one round and whose busiest SM reads least; a rung of two tasks to an SM that
-    does not stash whole only where split_count splits so (34-37 rows), and the ladder ends at the
+    does not stash whole only where split_count splits so (34-35 rows), and the ladder ends at the
     first row count no rung takes."""
     from types import SimpleNamespace
 
