@@ -27,6 +27,7 @@ from .pipeline import Compiled, Program
 from .plan import KernelPlan, plan_region
 from .plan.planner import estimate_rows
 from .plan import mapping as mapping_mod
+from .plan.mapping import busiest_sm_share, tasks_per_sm
 from .targets import Target
 
 log = logging.getLogger("jaxstitch")
@@ -223,13 +224,6 @@ class Rung:
     compiled: Compiled
     whole: bool = False  # two tasks to an SM whose slices their stash holds whole
 
-    def tasks_per_sm(self, rows: int, target: Target) -> int:
-        return -(-rows * self.splits // target.sm_count)
-
-    def busiest_sm_rows(self, rows: int, target: Target) -> float:
-        """The share of a row the busiest SM reads: what a split kernel's time follows (about 5 us
-        plus the bytes each SM reads, H100, session 17)."""
-        return self.tasks_per_sm(rows, target) / self.splits
 
 
 def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) -> tuple[tuple[int, Compiled], ...]:
@@ -245,7 +239,7 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
         return ()
     planned = []  # (rows, splits, tasks per SM, config): the rungs worth compiling
     for n, k in _rung_splits(m, target):
-        per_sm = -(-n * k // target.sm_count)
+        per_sm = tasks_per_sm(n, k, target)
         if k < 2 or any((k, per_sm) == p[1:3] for p in planned):
             continue
         forced = dataclasses.replace(cfg, tuning=dataclasses.replace(
@@ -282,8 +276,8 @@ def _rung_splits(m: mapping_mod.Mapping, target: Target):
     for n in LADDER_ROWS:
         one = mapping_mod.split_count(n, m.n_cols, m.vec, target)
         yield n, one
-        two = min(mapping_mod.most_splits(m.n_cols, m.vec, target), 2 * target.sm_count // n)
-        if n * two > target.sm_count and two > 2 * (target.sm_count // n) and two != one:
+        two = mapping_mod.two_per_sm_splits(n, m.n_cols, m.vec, target)
+        if two and two != one:
             yield n, two
 
 
@@ -300,10 +294,10 @@ def _rows_to_rungs(rungs: tuple[Rung, ...], m: mapping_mod.Mapping, target: Targ
     for rows in range(1, max((r.most_rows for r in rungs), default=0) + 1):
         two = rows * mapping_mod.split_count(rows, m.n_cols, m.vec, target) > target.sm_count
         fit = [r for r in rungs if rows <= r.most_rows
-               and (two or r.whole or r.per_sm > 2 or r.tasks_per_sm(rows, target) == 1)]
+               and (two or r.whole or r.per_sm > 2 or tasks_per_sm(rows, r.splits, target) == 1)]
         if not fit:
             break
-        best = min(fit, key=lambda r: (r.busiest_sm_rows(rows, target), -r.splits, r.per_sm))
+        best = min(fit, key=lambda r: (busiest_sm_share(rows, r.splits, target), -r.splits, r.per_sm))
         if out and out[-1][1] is best.compiled:
             out[-1] = (rows + 1, best.compiled)
         else:

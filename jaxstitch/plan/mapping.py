@@ -242,12 +242,31 @@ def split_count(n: int, c: int, vec: int, target: Target) -> int:
     loop over tasks. `_stashing_splits` takes more slices where they stash whole. Slices hold at
     least two vectors per thread of a 512-thread block; never more slices than SMs (a round holds
     whole rows: see codegen's js_step)."""
+    one = min(most_splits(c, vec, target), target.sm_count // max(1, n))
+    two = two_per_sm_splits(n, c, vec, target)
+    if two and n * one < BUSY_SM_SHARE * target.sm_count:
+        return two
+    return one if one >= 2 else 1
+
+
+def two_per_sm_splits(n: int, c: int, vec: int, target: Target) -> int:
+    """Slices a row for two (row, slice) tasks to an SM, where they are more than twice one to an
+    SM's, so that the busiest SM reads less of a row; 0 where they are not."""
     most = most_splits(c, vec, target)
     one = min(most, target.sm_count // max(1, n))
     two = min(most, 2 * target.sm_count // max(1, n))
-    if n * one < BUSY_SM_SHARE * target.sm_count and two > 2 * one:
-        return two
-    return one if one >= 2 else 1
+    return two if two > 2 * one and n * two > target.sm_count else 0
+
+
+def tasks_per_sm(rows: int, splits: int, target: Target) -> int:
+    """(row, slice) tasks on the busiest SM when `rows` of `splits` slices run in one round."""
+    return -(-rows * splits // target.sm_count)
+
+
+def busiest_sm_share(rows: int, splits: int, target: Target) -> float:
+    """The share of a row the busiest SM reads: what a split kernel's time follows (about 5 us plus
+    the bytes each SM reads, H100, sessions 17 and 18)."""
+    return tasks_per_sm(rows, splits, target) / splits
 
 
 def most_splits(c: int, vec: int, target: Target) -> int:
@@ -266,7 +285,7 @@ def _stashing_splits(n: int, c: int, vec: int, budget: int, first: int, itemsize
     most). `first` when no count does (the rows outgrow the GPU's shared memory)."""
     for k in range(first, most_splits(c, vec, target) + 1):
         tpr, vpt, chunks = _row_shape(math.ceil(c / k / vec) * vec, vec, budget, max_tpr)
-        want = -(-n * k // target.sm_count)  # blocks per SM for one round of (row, slice) tasks
+        want = tasks_per_sm(n, k, target)  # blocks per SM for one round of (row, slice) tasks
         if want * tpr > target.max_threads_per_sm:
             break
         stage = sum(stash_slot_bytes(tpr, chunks, vpt, vec, i) for i in itemsizes)
@@ -283,8 +302,8 @@ def _two_per_sm_whole(n: int, c: int, vec: int, budget: int, current: int, items
     against 17.2; 27 rows, 9 slices not whole, 19.0-19.4 against 4 slices 18.4). Only slices walked
     in chunks: 9 rows on 29 register-held slices of 1024 threads ran 18.2 us against 14 slices'
     11.5. `current` otherwise."""
-    k = min(most_splits(c, vec, target), 2 * target.sm_count // max(1, n))
-    if n * k <= target.sm_count or 2 / k >= -(-n * current // target.sm_count) / current:
+    k = two_per_sm_splits(n, c, vec, target)
+    if not k or busiest_sm_share(n, k, target) >= busiest_sm_share(n, current, target):
         return current
     tpr, vpt, chunks = _row_shape(math.ceil(c / k / vec) * vec, vec, budget, max_tpr)
     if chunks == 1 or 2 * tpr > target.max_threads_per_sm:
@@ -352,7 +371,7 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     stash_chunks = 0
     if splits > 1 and copyable:
         rows = min(n, tuning.split_rows or n)
-        want = min(-(-rows * splits // target.sm_count), target.max_threads_per_sm // block)
+        want = min(tasks_per_sm(rows, splits, target), target.max_threads_per_sm // block)
         held = _split_stash(stage // chunks, chunks, want, target)
         if held:
             stash, stages = SHARED, 1
