@@ -27,6 +27,7 @@ from .pipeline import Compiled, Program
 from .plan import KernelPlan, plan_region
 from .plan.planner import estimate_rows
 from .plan import mapping as mapping_mod
+from .plan.layout import FULL
 from .plan.mapping import busiest_sm_share, tasks_per_sm
 from .targets import Target
 
@@ -261,12 +262,20 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
             continue
         vm = va.plan.kernel.mapping
         runs = per_sm
-        if vm.smem_bytes <= SMALL_SLICE_BYTES:
+        if _slice_bytes(va) <= SMALL_SLICE_BYTES:
             runs = max(per_sm, min(SMALL_SLICES_PER_SM, vm.max_grid // target.sm_count))
-        whole = (per_sm == 2 and vm.chunks > 1 and vm.stash == mapping_mod.SHARED
-                 and vm.stashed_chunks == vm.chunks)
+        # (a one-pass kernel keeps nothing for a later pass: as good as stashed whole)
+        whole = per_sm == 2 and vm.chunks > 1 and (vm.stash == mapping_mod.REGISTERS or (
+            vm.stash == mapping_mod.SHARED and vm.stashed_chunks == vm.chunks))
         rungs[(k, per_sm)] = Rung(vm.splits, runs, target.sm_count * runs // vm.splits, va, whole)
     return _rows_to_rungs(tuple(rungs.values()), m, target)
+
+
+def _slice_bytes(v: Compiled) -> int:
+    """Bytes of a split variant's slice of the row inputs (those its passes read)."""
+    layout = v.plan.kernel.layout
+    return v.plan.kernel.mapping.slice_cols * sum(
+        x.itemsize for x in v.plan.kernel.region.inputs if layout.of(x).storage == FULL)
 
 
 def _rung_splits(m: mapping_mod.Mapping, target: Target):

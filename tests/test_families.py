@@ -94,7 +94,9 @@ def test_long_rows_get_a_ladder_of_split_row_variants_for_few_rows(fresh_cache, 
     whole or where one leaves over a fifth of the SMs idle, four for 16 KB slices), the launcher
     picking the first whose bound exceeds the rows. Each variant's source is the same at both
     samples (its workspace does not grow with the rows), and its stash is sized for the rows it
-    runs at, not the samples'."""
+    runs at, not the samples'. (The statistics read in two passes, as written: JAXSTITCH_TUNE
+    shifts=0; one pass keeps no stash, test_one_pass_family_ladder.)"""
+    monkeypatch.setenv("JAXSTITCH_TUNE", "shifts=0")
     b, s = jax.export.symbolic_shape("b, s")
     spec = jax.ShapeDtypeStruct((b, s, VOCAB), jnp.float32)
     rep = jaxstitch.explain(token_stats, spec, target="h100")  # (the target _export plans for)
@@ -125,10 +127,25 @@ def test_long_rows_get_a_ladder_of_split_row_variants_for_few_rows(fresh_cache, 
     assert len(alt) == 9 * len(ladder)  # below_rows ... splits ... bytes, for each variant
     assert alt[0::9] == bounds and alt[6::9] == splits
     # JAXSTITCH_TUNE=variants=0: the member alone
-    monkeypatch.setenv("JAXSTITCH_TUNE", "variants=0")
+    monkeypatch.setenv("JAXSTITCH_TUNE", "shifts=0,variants=0")
     (plain,) = jaxstitch.explain(token_stats, spec, target="h200").regions
     assert plain.stitched and plain.cache_key == region.cache_key
     assert all("XLA" in v for v in plain.variants)
+
+
+def test_one_pass_family_ladder(fresh_cache):
+    """The statistics with their shifts taken out (plan/shifts.py) read each row once: the member
+    and every rung of its ladder keep nothing in a stash; small slices first, up to four to an SM."""
+    b, s = jax.export.symbolic_shape("b, s")
+    spec = jax.ShapeDtypeStruct((b, s, VOCAB), jnp.float32)
+    (region,) = jaxstitch.explain(token_stats, spec, target="h100").regions
+    assert region.stitched and "one pass" in region.mapping and "shifts out of 2" in region.mapping
+    ladder = [re.match(r"below (\d+) rows: .*rows split over (\d+) blocks(.*)", v).groups() for v in region.variants]
+    bounds, splits = [int(b) for b, _, _ in ladder], [int(k) for _, k, _ in ladder]
+    assert len(ladder) >= 3 and bounds == sorted(bounds)
+    assert all("one pass" in rest and "stash" not in rest for *_, rest in ladder)
+    assert bounds[0] <= 132 * 4 // splits[0] + 1
+    assert all(-(-(b - 1) * k // 132) <= 2 or k == splits[0] for b, k in zip(bounds, splits))
 
 
 def test_xla_runs_a_long_row_family_below_its_row_bound(fresh_cache, monkeypatch):

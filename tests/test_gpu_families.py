@@ -8,6 +8,7 @@ import sys
 import textwrap
 
 import jax
+import numpy as np
 import pytest
 
 import jaxstitch
@@ -148,3 +149,24 @@ def test_warm_start_with_jax_persistent_cache(tmp_path):
     for err, _, _ in outs:
         assert err < 1e-4
     assert os.listdir(tmp_path / "xla")  # JAX's cache was written (and read by the second process)
+
+
+@pytest.mark.parametrize("rows", [5, 40, 200])
+@pytest.mark.parametrize("offset", [0.0, 100.0])
+def test_one_pass_statistics_match_with_offsets_and_special_values(rows, offset, monkeypatch):
+    """Log-softmax statistics read in one pass (plan/shifts.py: the mean's shifts taken out, its
+    sum over x minus the row's first element): logits with a large common offset, and rows holding
+    -inf beside finite values, only -inf, an +inf, a NaN, a -inf first element, against jax.jit
+    with outputs poisoned, special values where jax.jit has them. (The max is max(x) - max(x) - log
+    s bit for bit as written, but s, the sum of exponentials, is rounded otherwise than XLA's.)"""
+    monkeypatch.setenv("JAXSTITCH_POISON", "1")
+    x = jax.random.normal(jax.random.key(rows), (rows, 262144)) * 3 + offset
+    x = x.at[0, ::7].set(-jax.numpy.inf).at[1, :].set(-jax.numpy.inf).at[2, 5].set(jax.numpy.inf)
+    x = x.at[3, 9].set(jax.numpy.nan).at[4, 0].set(-jax.numpy.inf)
+    fn = jaxstitch.jit(token_stats)
+    assert "shifts out of 2" in jaxstitch.explain(token_stats, x).regions[0].mapping
+    (mean, mx), (want_mean, want_max) = fn(x), jax.jit(token_stats)(x)
+    for got, want, what in ((mean, want_mean, "mean"), (mx, want_max, "max")):
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+        compare(got, want, f"token_stats {what}, {rows} rows, offset {offset}")

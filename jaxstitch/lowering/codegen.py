@@ -41,12 +41,34 @@ class _Phase:
     chunk_work: bool                   # touches the row's elements: needs a pass over the chunks
 
 
+def _folded_only(k: Kernel, body_ops) -> set[int]:
+    """Ids of ops whose values only online sums read (exp(x - max) and x - max when nothing else
+    does): the sum folds them in its max's pass (reductions._online_accumulate), so no later phase
+    computes them."""
+    readers: dict[int, list[ir.Op]] = {}
+    for op in body_ops:
+        for a in op.inputs:
+            if isinstance(a, ir.Value):
+                readers.setdefault(a.id, []).append(op)
+    outputs = {v.id for v in k.plan.region.outputs}
+    folded: set[int] = set()
+    for op in reversed(body_ops):
+        outs = [o.id for o in op.outputs]
+        if any(o in outputs for o in outs) or opdefs.is_row_reduction(op):
+            continue
+        users = [u for o in outs for u in readers.get(o, [])]
+        if users and all(u.outputs[0].id in k.online_by_sum or id(u) in folded for u in users):
+            folded.add(id(op))
+    return folded
+
+
 def _phases(k: Kernel, body_ops, grid_ops, level: dict) -> list[_Phase]:
     layout = k.layout
     phases = []
+    folded = _folded_only(k, body_ops)
     for lv in range(max([level[o.outputs[0].id] for o in body_ops] + [0]) + 1):
         made = tuple(op for op in body_ops if not opdefs.is_row_reduction(op) and not opdefs.is_grid_reduction(op)
-                     and level[op.outputs[0].id] == lv)
+                     and level[op.outputs[0].id] == lv and id(op) not in folded)
         reds = tuple(op for op in body_ops if opdefs.is_row_reduction(op) and _reduced_in(k, op, level) == lv)
         grids = tuple(op for op in grid_ops if level[op.inputs[0].id] == lv)
         per_elem_grids = tuple(op for op in grids if layout.of(op.inputs[0]).declared == FULL

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from .. import ir, ops as opdefs
 from ..targets import Target
 from .layout import COL, EPILOGUE, FULL, ROW, Layout
 
@@ -81,11 +82,27 @@ def reduction_levels(layout: Layout) -> int:
     return max((p.level for p in layout.values if p.level != EPILOGUE), default=0)
 
 
+def chunk_passes(layout: Layout, ops, outputs, online=()) -> int:
+    """Passes over the row's elements: the levels whose values a row reduction folds (an online
+    sum's with its max's) or a full-size output stores, and the first. The last level may need none
+    (its values are one per row): a log-softmax's statistics with their shifts taken out
+    (plan/shifts.py) are one pass."""
+    by_sum = {o.sum_id: o for o in online}
+    levels = {0}
+    for op in ops:
+        if opdefs.is_row_reduction(op) or (opdefs.is_grid_reduction(op) and layout.of(op.inputs[0]).declared == FULL):
+            pair = by_sum.get(op.outputs[0].id)
+            src = (op.inputs[0],) if pair is None else ()
+            levels |= {layout.of(a).level for a in src if isinstance(a, ir.Value)}
+    levels |= {layout.of(v).level for v in outputs if layout.of(v).declared in (FULL, COL)}
+    return len(levels - {EPILOGUE})
+
+
 def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
              target: Target, rereads: bool = False, busy_sms: int | None = None,
              split_rounds: int = 0, gathered_bytes: int = 0, n_scans: int = 0,
              views_after_reduction: bool = False, gather_compute_ops: int = 0,
-             xla_row_levels: int | None = None) -> Estimate:
+             xla_row_levels: int | None = None, passes: int | None = None) -> Estimate:
     """`rereads`: phases after the first read their row inputs again from global memory (L2);
     `busy_sms`: the SMs our grid occupies (fewer than the target has when there are few rows);
     `split_rounds`: rounds of (row, slice) tasks when rows are split over blocks, each crossing a
@@ -93,7 +110,9 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     `inputs` (plan/views.py); `n_scans`: scans along rows (XLA's extra kernels, SCAN_XLA_*);
     `views_after_reduction`: a data-moving op reads a row reduction's result (XLA: a second kernel
     re-reading the row inputs, see above);
-    `xla_row_levels`: the row reductions' levels as XLA meets them, when our layout has fewer (a
+    `passes`: our passes over the rows (chunk_passes; all but the first re-read the row inputs
+    where they are not stashed); `xla_row_levels`: the row reductions' levels as XLA meets them,
+    when our layout has fewer (a
     softmax's sum of exponentials taken in its max's pass, plan/online.py): a log-softmax picked
     and summed per row is three levels to XLA, 6 kernels at 32% of the roofline (H200, [4096,
     32000] float32), where one online pass and a second reduction made it look like one kernel;
@@ -107,7 +126,7 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     full_in = sum(_nbytes(layout.of(v), layout) for v in inputs if layout.of(v).declared == FULL)
     row_levels = reduction_levels(layout)
     if rereads:
-        ours += row_levels * full_in / (bw * L2_SPEEDUP)
+        ours += (row_levels if passes is None else passes - 1) * full_in / (bw * L2_SPEEDUP)
     if busy_sms is not None:  # only the moving of bytes slows down on fewer SMs, not the launch
         ours /= min(1.0, SM_OVERDRIVE * busy_sms / target.sm_count)
     if layout.n_cols <= NARROW_COLS:

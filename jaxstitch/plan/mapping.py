@@ -47,6 +47,7 @@ class Tuning:
     blocks per long row when there are too few rows to fill the GPU (unset or 0: chosen by the
     planner; 1: never split); `online`: 0 reduces a softmax's
     max and sum of exponentials in two passes, as written, instead of one (plan/online.py);
+    `shifts`: 0 leaves row-constant shifts inside the reductions (plan/shifts.py);
     `fast_exp`: 0 computes exp with expf even in half-precision regions (see planner.fast_exp).
     For ablations: `stitch`: 0 ends regions where XLA ends its kernels (at every use of a reduced
     value; siblings not merged); `grid`: 0 gives column and whole-array reductions kernels of their
@@ -63,6 +64,7 @@ class Tuning:
     min_gain_pct: int | None = None
     splits: int | None = None
     online: int = 1
+    shifts: int = 1
     fast_exp: int = 1
     stitch: int = 1
     grid: int = 1
@@ -71,7 +73,7 @@ class Tuning:
     variants: int = 1
     split_rows: int | None = None
 
-    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "fast_exp",
+    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows")
 
     @classmethod
@@ -145,7 +147,9 @@ class Mapping:
             name += f", rows split over {self.splits} blocks"
         if self.chunks > 1:
             name += f", {self.chunks} chunks"
-        if self.chunks > 1 or self.splits > 1:
+        if (self.chunks > 1 or self.splits > 1) and self.stash == REGISTERS:
+            name += ", one pass"  # (nothing kept for a later pass)
+        elif self.chunks > 1 or self.splits > 1:
             name += f", {self.stash} stash"
             if self.stashed_chunks < self.chunks:
                 name += f" of {self.stashed_chunks}"
@@ -314,9 +318,11 @@ def _two_per_sm_whole(n: int, c: int, vec: int, budget: int, current: int, items
 
 def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_reduced: bool,
            target: Target, tuning: Tuning = Tuning(), stash_itemsizes: tuple[int, ...] = (),
-           splittable: bool = True) -> Mapping:
+           splittable: bool = True, one_pass: bool = False) -> Mapping:
     """`stash_itemsizes`: the item sizes of the row inputs (those a stash would keep); `splittable`:
-    whether a row's reductions may be combined across blocks (not ops.PICKING, not scans)."""
+    whether a row's reductions may be combined across blocks (not ops.PICKING, not scans);
+    `one_pass`: the kernel reads each row once (cost.chunk_passes), so a row walked in chunks or
+    split keeps nothing in a stash, and its slices need not fit one."""
     n, c = layout.n_rows, layout.n_cols
     # Every array moved per element, by its declared kind too: a broadcast row stored as an output
     # is written at full size though it is held as one register.
@@ -339,13 +345,15 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
             splits = min(tuning.splits, target.sm_count)
         else:
             splits = split_count(n, c, vec, target)
-            if splits > 1 and _async_copyable(vec, stash_itemsizes):
+            if splits > 1 and not one_pass and _async_copyable(vec, stash_itemsizes):
                 splits = _stashing_splits(n, c, vec, budget, splits, stash_itemsizes, target, tuning.max_tpr)
                 splits = _two_per_sm_whole(n, c, vec, budget, splits, stash_itemsizes, target, tuning.max_tpr)
         if splits > 1:
             slice_cols = math.ceil(c / splits / vec) * vec  # slices start on a vector
             splits = math.ceil(c / slice_cols)
             tpr, vpt, chunks = _row_shape(slice_cols, vec, budget, tuning.max_tpr)
+    if one_pass and (chunks > 1 or splits > 1):
+        stash_itemsizes = ()
     if chunks > 1 and splits == 1 and tpr == CHUNKED_TPR:
         half = _row_shape(c, vec, budget, CHUNKED_TPR // 2)
         if _resident_rows(half, vec, stash_itemsizes, target, tuning) > _resident_rows(
@@ -360,7 +368,7 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     room = target.smem_optin - STATIC_SMEM_RESERVE
     copyable = _async_copyable(vec, stash_itemsizes)
     stash, stages = REGISTERS, 0
-    if chunks > 1 or splits > 1:  # (a split row's slice is walked as a chunked row is)
+    if (chunks > 1 or splits > 1) and stash_itemsizes:  # (a split row's slice is walked as a chunked row is)
         stash = SHARED if stage <= room else GLOBAL
         # One stage: a second row buffer would halve the blocks a long row's SM holds.
         stages = 1 if stash == SHARED and copyable else 0

@@ -46,7 +46,7 @@ def find_online_sums(ops: tuple[ir.Op, ...]) -> tuple[OnlineSum, ...]:
         if d is None or d.prim != "sub" or not all(isinstance(a, ir.Value) for a in d.inputs):
             continue
         x, shift = d.inputs
-        r = _max_behind(shift, producer)
+        r = max_behind(shift, producer)
         if (r is None or r.outputs[0].id in paired or r.inputs[0].id != x.id
                 or r.inputs[0].shape != op.inputs[0].shape
                 or tuple(sorted(r.param("axes"))) != tuple(sorted(op.param("axes")))
@@ -57,7 +57,7 @@ def find_online_sums(ops: tuple[ir.Op, ...]) -> tuple[OnlineSum, ...]:
     return tuple(found)
 
 
-def _max_behind(v: ir.Value, producer: dict) -> ir.Op | None:
+def max_behind(v: ir.Value, producer: dict) -> ir.Op | None:
     """The row reduce_max whose value `v` is, through identity ops and max(-inf, .)."""
     while True:
         op = producer.get(v.id)

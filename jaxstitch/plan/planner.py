@@ -10,6 +10,7 @@ from . import cost, mapping as mapping_mod, tile, views
 from .layout import COL, FULL, GATHER, MEMORY, Layout, Unplannable, place
 from .mapping import Mapping
 from .online import OnlineSum, find_online_sums
+from .shifts import pull_out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,10 @@ class KernelPlan:
     online: tuple[OnlineSum, ...] = ()
     # exp as the hardware's ex2.approx(x * log2 e): see fast_exp.
     fast_exp: bool = False
+    # Row reductions whose row-constant shifts were taken out (plan/shifts.py), and the row
+    # reduction levels of the region as traced, which XLA runs (None: the same as the layout's).
+    shifts: int = 0
+    xla_levels: int | None = None
 
     @property
     def stage_bytes(self) -> int:
@@ -54,6 +59,7 @@ class KernelPlan:
     def description(self) -> str:
         """The thread mapping's name, and what else shapes the kernel's passes over a row."""
         return (self.mapping.name + (f", online softmax x{len(self.online)}" if self.online else "")
+                + (f", shifts out of {self.shifts} reductions" if self.shifts else "")
                 + (", fast exp" if self.fast_exp else ""))
 
     @property
@@ -141,6 +147,8 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         layout = place(region, frozenset(o.sum_id for o in online))
     except Unplannable as e:
         return _plan_tile(original, target, tuning, relaxed, str(e))
+    sunk = region
+    region, online, layout, shifts = _fewer_passes(region, online, layout, tuning)
     try:
         grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
         if any(op.prim in opdefs.PICKING for op in grid_ops):
@@ -153,7 +161,8 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                                 _live_arrays(region, layout), bool(grid_ops), target, tuning,
                                 stash_itemsizes=tuple(v.itemsize for v in row_inputs),
                                 splittable=not any(op.prim in opdefs.PICKING for op in row_reductions)
-                                and not scans)
+                                and not scans,
+                                one_pass=cost.chunk_passes(layout, region.ops, region.outputs, online) == 1)
         if mp.chunks > 1 and len({op.param("reverse") for op in scans}) > 1:
             raise Unplannable(f"scans in both directions along rows of {mp.n_cols} walked in {mp.chunks} "
                               "chunks (a pass over the chunks runs one way)")
@@ -181,8 +190,9 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                 splits.append(GridReduction(op.outputs[0].id, offset, 2 * mp.grid_cap))
                 offset += 2 * mp.grid_cap
         ws = offset * 4 if mp.cooperative else 0
+        xla_levels = cost.reduction_levels(place(sunk, frozenset())) if online or shifts else None
         kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits), online,
-                            bool(tuning.fast_exp) and fast_exp(region))
+                            bool(tuning.fast_exp) and fast_exp(region), shifts, xla_levels)
     except Unplannable as e:
         return RegionPlan(original, None, None, str(e))
     busy_sms = min(target.sm_count, mp.grid)
@@ -207,7 +217,27 @@ def _estimate(kernel: KernelPlan, original: Region, target: Target) -> cost.Esti
                          busy_sms=min(target.sm_count, mp.grid), split_rounds=split_rounds,
                          n_scans=len(scans), views_after_reduction=_views_after_reduction(original),
                          gather_compute_ops=_computing_ops(region) if full_gathers else 0,
-                         xla_row_levels=cost.reduction_levels(place(region, frozenset())) if kernel.online else None)
+                         xla_row_levels=kernel.xla_levels,
+                         passes=cost.chunk_passes(layout, region.ops, region.outputs, kernel.online))
+
+
+def _fewer_passes(region: Region, online, layout: Layout, tuning: mapping_mod.Tuning):
+    """(region, online sums, layout, shifts taken out): with the row reductions' shifts taken out
+    (plan/shifts.py) where that saves a pass over the rows, as planned otherwise."""
+    if not tuning.shifts:
+        return region, online, layout, 0
+    shifted, n = pull_out(region, layout)
+    if not n:
+        return region, online, layout, 0
+    online2 = find_online_sums(shifted.ops) if tuning.online else ()
+    try:
+        layout2 = place(shifted, frozenset(o.sum_id for o in online2))
+    except Unplannable:
+        return region, online, layout, 0
+    if cost.chunk_passes(layout2, shifted.ops, shifted.outputs, online2) >= \
+            cost.chunk_passes(layout, region.ops, region.outputs, online):
+        return region, online, layout, 0
+    return shifted, online2, layout2, n
 
 
 def estimate_rows(plan: RegionPlan, n_rows: int, target: Target, registers: int | None = None) -> cost.Estimate:

@@ -1,0 +1,229 @@
+"""Row-constant shifts taken out of row reductions, so that they reduce the row's inputs directly.
+
+A log-softmax's statistics (the mean and the max of `lp = x - max(x) - log(sum(exp(..)))`, a
+language model's per-token entropy-like summaries, a label-smoothed loss) reduce values that need
+the row's first reductions: a second pass over every row. Rows that do not fit in shared memory (a
+256k vocabulary, 1 MB a row in float32) read it from HBM again. But a shift `c` constant along the
+row comes out of the reduction:
+
+    max_j(a_j - c) = max_j(a_j) - c        sum_j(a_j - c) = sum_j(a_j) - n c      (also a_j + c)
+
+so the statistics fold into the first pass beside the max and the sum of exponentials.
+
+Exactness, per case:
+- max: rounding is monotone, so `max_j fl(a_j - c) = fl(max_j a_j - c)` bit for bit. The one
+  difference is at `c = -inf` beside a row holding both -inf and a larger value (the two-pass form
+  has NaN there, from -inf + inf). So a max shift is taken out only where `c` cannot be -inf beside
+  such a row: `c` is the max of the same `a`, or the log of a sum of exp(x - max(x)) (at least 1,
+  or NaN). Any other shift stays.
+- sum: infinities and NaN propagate alike (n c is ±inf where c is), but the rounding differs: the
+  sum accumulates |a_j| where the two-pass form accumulates |a_j - c|. The relative error of the
+  result stays O(eps * mean|a| / |result|), the order of the error `c` itself carries, so only
+  float32 sums (float32 partials, a float32 n c) are rewritten; half-precision sums keep the
+  two-pass form. (n c overflows only for |c| > 3.4e38 / n.)
+
+The planner takes the rewritten region only where it saves a pass over the rows (planner.py); the
+region's inputs and outputs do not change, and XLA's fallback evaluates the region as traced.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+from .. import ir, ops as opdefs
+from ..partition import Region
+from .layout import FULL, GATHER, ROW, SCALAR, Layout
+from .online import find_online_sums, max_behind
+from .views import FlatView
+
+NEW = -1  # the index of an op this rewrite makes (it computes no traced op)
+SHIFTS = ("sub", "add")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shift:
+    """One peeled shift: the reduction's operand was `a op broadcast(c)`; `c` row-shaped."""
+
+    prim: str      # "sub" or "add"
+    row: ir.Atom   # c, one value per row (or a scalar)
+
+
+def pull_out(region: Region, layout: Layout) -> tuple[Region, int]:
+    """The region with the shifts of its row reductions taken out, and how many reductions changed
+    (0: the region itself)."""
+    rw = _Rewriter(region, layout)
+    for op in region.ops:
+        rw.visit(op)
+    if not rw.changed:
+        return region, 0
+    ops = ir.live(rw.ops, region.outputs)
+    return dataclasses.replace(region, ops=ops), rw.changed
+
+
+class _Rewriter:
+    def __init__(self, region: Region, layout: Layout):
+        self.region, self.layout = region, layout
+        ids = [o.id for op in region.ops for o in op.outputs] + [v.id for v in region.inputs]
+        self.fresh = itertools.count(1 + max(ids, default=0))
+        self.producer = {o.id: op for op in region.ops for o in op.outputs}
+        self.sums_of_exp = {o.sum_id for o in find_online_sums(region.ops)}
+        self.reductions: dict[tuple, ir.Value] = {}  # (prim, operand, axes) -> an existing output
+        self.pilots: dict[int, tuple[ir.Value, ir.Value]] = {}  # src -> its rows' first elements
+        self.row_values: dict[tuple, ir.Value] = {}  # (value, shape) -> the value reshaped
+        self.ops: list[ir.Op] = []
+        self.changed = 0
+
+    def emit(self, prim: str, inputs, like: ir.Value, params: dict | None = None, shape=None,
+             out: ir.Value | None = None, dtype: str | None = None) -> ir.Value:
+        """A new op; `out`: the value it defines, when it takes over an existing one's definition."""
+        if out is None:
+            out = ir.Value(next(self.fresh), tuple(like.shape if shape is None else shape), dtype or like.dtype)
+        self.ops.append(ir.Op(NEW, prim, tuple(inputs), (out,), tuple(sorted((params or {}).items()))))
+        return out
+
+    def visit(self, op: ir.Op):
+        if opdefs.is_row_reduction(op) and op.prim in ("reduce_sum", "reduce_max"):
+            src, shifts = self._peel(op)
+            # (a sum's pilot is read from memory: only a sum of a region input is rewritten)
+            if shifts and (op.prim == "reduce_max" or src in self.region.inputs):
+                self._rewrite(op, src, shifts)
+                return
+        if opdefs.is_row_reduction(op) and len(op.outputs) == 1:
+            self.reductions.setdefault(self._key(op.prim, op.inputs[0], op), op.outputs[0])
+        self.ops.append(op)
+
+    @staticmethod
+    def _key(prim: str, operand: ir.Atom, op: ir.Op) -> tuple:
+        return prim, operand, tuple(sorted(op.param("axes")))
+
+    def _peel(self, op: ir.Op) -> tuple[ir.Value, list[Shift]]:
+        """The reduced value under its row-constant shifts (outermost first), as far as they may go."""
+        v, shifts = op.inputs[0], []
+        out = op.outputs[0]
+        if not isinstance(v, ir.Value) or v.dtype not in ir.FLOAT_DTYPES:
+            return v, []
+        if op.prim == "reduce_sum" and out.dtype != "float32":
+            return v, []
+        while True:
+            d = self.producer.get(v.id)
+            if d is None or d.prim not in SHIFTS or d.prim == "add" and op.prim == "reduce_max":
+                break
+            a, b = d.inputs
+            if d.prim == "add" and not self._full(a) and self._full(b):
+                a, b = b, a
+            if not (isinstance(a, ir.Value) and self._full(a)):
+                break
+            if op.prim == "reduce_max" and not self._never_neg_inf(b, a):
+                break
+            row = self._row_source(b, out)
+            if row is None:
+                break
+            shifts.append(Shift(d.prim, row))
+            v = a
+        return v, shifts
+
+    def _full(self, a: ir.Atom) -> bool:
+        return isinstance(a, ir.Value) and self.layout.of(a).storage == FULL
+
+    def _row_source(self, b: ir.Atom, out: ir.Value) -> ir.Atom | None:
+        """`b` (a broadcast of one value per row) as a value of `out`'s shape, or None."""
+        if isinstance(b, ir.Const):
+            return b
+        if self.layout.of(b).storage not in (ROW, SCALAR):
+            return None
+        v = b
+        while v.size not in (1, out.size):
+            op = self.producer.get(v.id)
+            if op is None or not opdefs.is_layout(op) or not isinstance(op.inputs[0], ir.Value):
+                return None
+            v = op.inputs[0]
+        key = (v.id, out.shape)
+        if key not in self.row_values:
+            self.row_values[key] = self._reshaped(v, out)
+        return self.row_values[key]
+
+    def _reshaped(self, v: ir.Value, out: ir.Value) -> ir.Value:
+        """`v` (one value per row, or one in all) as a value of `out`'s shape."""
+        if v.size != out.size and v.size == 1:  # a scalar shift (one for every row)
+            if v.shape != ():
+                v = self.emit("reshape", (v,), v, {"new_sizes": (), "dimensions": None}, shape=())
+            return self.emit("broadcast_in_dim", (v,), out,
+                             {"shape": out.shape, "broadcast_dimensions": (), "sharding": None})
+        if v.shape != out.shape:
+            v = self.emit("reshape", (v,), out, {"new_sizes": out.shape, "dimensions": None})
+        return v
+
+    def _never_neg_inf(self, b: ir.Value | ir.Const, a: ir.Value) -> bool:
+        """Whether the shift `b` is never -inf beside an `a` row holding a value above -inf: the max
+        of the same `a`, the log of a sum of exp(x - max(x)) (>= 1 or NaN), or a finite constant."""
+        if isinstance(b, ir.Const):
+            return math.isfinite(b.value)
+        m = max_behind(b, self.producer)
+        if m is not None and m.inputs[0] == a:
+            return True
+        v = self._behind_identities(b)
+        op = self.producer.get(v.id)
+        return op is not None and op.prim == "log" and isinstance(op.inputs[0], ir.Value) \
+            and self._behind_identities(op.inputs[0]).id in self.sums_of_exp
+
+    def _behind_identities(self, v: ir.Value) -> ir.Value:
+        """`v` through the layout ops and stop_gradients that make it from another value."""
+        while True:
+            op = self.producer.get(v.id)
+            if op is None or not (opdefs.is_layout(op) or op.prim == "stop_gradient") \
+                    or not isinstance(op.inputs[0], ir.Value):
+                return v
+            v = op.inputs[0]
+
+    def _rewrite(self, op: ir.Op, src: ir.Value, shifts: list[Shift]):
+        """reduce(src) then the shifts undone innermost first (the order the region applied them);
+        the last op defines the reduction's own output, so its readers (and the region's outputs)
+        stay as they are. A sum reduces src - p, p the row's first element (`_pilot`): its terms
+        then carry what the two-pass form's do (the row's spread, not its offset), and
+        sum(src - C) = sum(src - p) - n (C - p) with C - p computed from the shifts (C - p is small
+        where the shifts bring the row near zero, as a max does)."""
+        out = op.outputs[0]
+        pilot = self._pilot(src, out, set(op.param("axes"))) if op.prim == "reduce_sum" else None
+        key = self._key(op.prim, src, op)
+        acc = self.reductions.get(key)
+        if acc is None:
+            operand = src if pilot is None else self.emit("sub", (src, pilot[0]), src)
+            acc = self.emit(op.prim, (operand,), out, dict(op.params))
+            self.reductions[key] = acc
+        if pilot is None:  # max(src) - c - ...
+            for i, s in enumerate(reversed(shifts)):
+                acc = self.emit(s.prim, (acc, s.row), out, out=out if i == len(shifts) - 1 else None)
+        else:  # sum(src - p) - n ((c1 - p) + c2 ...), a shift `add` counted negative
+            n = math.prod(src.shape[a] for a in op.param("axes"))
+            total = None
+            for s in reversed(shifts):
+                if total is None:
+                    total = self.emit("sub", (s.row, pilot[1]), out) if s.prim == "sub" else \
+                        self.emit("sub", (self.emit("neg", (s.row,), out), pilot[1]), out)
+                else:
+                    total = self.emit("add" if s.prim == "sub" else "sub", (total, s.row), out)
+            scaled = self.emit("mul", (total, ir.Const(float(n), out.dtype)), out)
+            self.emit("sub", (acc, scaled), out, out=out)
+        self.changed += 1
+
+    def _pilot(self, src: ir.Value, out: ir.Value, axes) -> tuple[ir.Value, ir.Value]:
+        """The row's first element (index 0 along the reduced axes) of `src`, a region input: with
+        src's rank, to subtract from it, and shaped like `out` (a load at column 0, once a row; a
+        computed src's elements exist only in the row's pass)."""
+        if src.id not in self.pilots:
+            # (over the rows flattened: row r's first element is at r * C, whatever the row count,
+            # so a shape family's kernel source does not change with it)
+            cols = math.prod(src.shape[a] for a in axes)
+            view = FlatView((out.size,), 0, (cols,), src.size, True)
+            loaded = self.emit(GATHER, (src,), out, {"view": view}, shape=(out.size,))
+            if out.shape != (out.size,):
+                loaded = self.emit("reshape", (loaded,), out, {"new_sizes": out.shape, "dimensions": None})
+            # (an infinite first element would make inf - inf of its row's terms: 0 instead, the
+            # sum then as written, which is inf or NaN as the two-pass one is)
+            finite = self.emit("is_finite", (loaded,), out, shape=out.shape, dtype="bool")
+            row = self.emit("select_n", (finite, ir.Const(0.0, out.dtype), loaded), out)
+            keep = tuple(1 if i in axes else d for i, d in enumerate(src.shape))
+            first = self.emit("reshape", (row,), out, {"new_sizes": keep, "dimensions": None}, shape=keep)
+            self.pilots[src.id] = (first, row)
+        return self.pilots[src.id]

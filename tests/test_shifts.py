@@ -1,0 +1,207 @@
+"""Row-constant shifts taken out of row reductions (plan/shifts.py), on the CPU: the rewritten regions,
+evaluated here with numpy, give what the traced regions give with XLA (a max bit for bit, special
+values included; a float32 sum within its rounding), and the planner takes the rewrite only where it
+saves a pass over the rows."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstitch
+from jaxstitch import ir, partition as partition_mod, pipeline, trace as trace_mod
+from jaxstitch.plan import cost, online, shifts, views
+from jaxstitch.plan.layout import place
+
+
+def token_stats(x):
+    lp = jax.nn.log_softmax(x, axis=-1)
+    return lp.mean(-1), jnp.max(lp, -1)
+
+
+def smoothed_loss(x, labels):
+    """Label smoothing's uniform part and the picked log-probability, as optax writes them out."""
+    lp = jax.nn.log_softmax(x, axis=-1)
+    picked = jnp.take_along_axis(lp, labels[:, None], -1)[:, 0]
+    return -(0.9 * picked + 0.1 * lp.mean(-1))
+
+
+def centered_max(x, y):
+    """A max shifted by another row's max: that shift may be -inf beside a finite x (not taken out)."""
+    return jnp.max(x - jnp.max(y, -1, keepdims=True), -1), jnp.sum(x - jnp.max(y, -1, keepdims=True), -1)
+
+
+def log_softmax_and_mean(x):
+    """The full log-softmax is written anyway: its pass over the rows stays, so nothing is rewritten."""
+    lp = jax.nn.log_softmax(x, axis=-1)
+    return lp, lp.mean(-1)
+
+
+def _regions(fun, specs):
+    flat, tree = jax.tree_util.tree_flatten((tuple(specs), {}))
+    traced = trace_mod.trace(fun, flat, tree)
+    part = partition_mod.partition(traced.graph, fits=pipeline._fits_one_kernel)
+    return traced, part.regions
+
+
+def _bind(eqn, ins):
+    """A traced equation, its row maxima NaN-propagating as on the GPU (XLA's CPU reduce_max skips
+    NaN: an all-NaN row gives -inf there)."""
+    if eqn.primitive.name == "reduce_max":
+        return [np.max(ins[0], axis=tuple(eqn.params["axes"]))]
+    return trace_mod.bind_eqn(eqn, ins)
+
+
+def _env(traced, args):
+    env = dict(traced.consts)
+    for v, a in zip(traced.graph.inputs, args):
+        env[v.id] = a
+    for e in traced.eqns:
+        ins = [np.asarray(trace_mod.evaluate([], [], [], [a])[0]) if isinstance(a, ir.Const) else env[a.id]
+               for a in e.inputs]
+        with np.errstate(invalid="ignore"):
+            for v, o in zip(e.outputs, _bind(e, ins)):
+                env[v.id] = np.asarray(o)
+    return env
+
+
+def _new_op(op, ins):
+    out = op.outputs[0]
+    dt = jnp.dtype(out.dtype)
+    if op.prim == "reduce_sum":
+        return np.sum(ins[0], axis=tuple(op.param("axes")), dtype=np.float32).astype(dt)
+    if op.prim == "reduce_max":
+        return np.max(ins[0], axis=tuple(op.param("axes")))
+    if op.prim == "reshape":
+        return np.asarray(ins[0]).reshape(out.shape)
+    if op.prim == views.GATHER:  # (the pilot's: no dynamic offsets)
+        view = op.param("view")
+        index = np.full(view.shape, view.offset, dtype=np.int64)
+        for d, stride in enumerate(view.strides):
+            index = index + stride * np.arange(view.shape[d]).reshape([-1 if e == d else 1 for e in range(len(view.shape))])
+        return np.asarray(ins[0]).reshape(-1)[index]
+    if op.prim == "neg":
+        return -np.asarray(ins[0])
+    if op.prim == "is_finite":
+        return np.isfinite(ins[0])
+    if op.prim == "select_n":
+        return np.where(ins[0], ins[2], ins[1]).astype(dt)
+    if op.prim == "broadcast_in_dim":
+        return np.broadcast_to(np.asarray(ins[0]), out.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return {"mul": np.multiply, "sub": np.subtract, "add": np.add}[op.prim](*ins).astype(dt)
+
+
+def _evaluate(region, traced, env):
+    local = {v.id: env[v.id] for v in region.inputs}
+    for op in region.ops:
+        ins = [np.asarray(a.value, dtype=jnp.dtype(a.dtype)) if isinstance(a, ir.Const) else local[a.id]
+               for a in op.inputs]
+        outs = [_new_op(op, ins)] if op.index == shifts.NEW else _bind(traced.eqns[op.index], ins)
+        for v, o in zip(op.outputs, outs):
+            local[v.id] = np.asarray(o)
+            assert local[v.id].shape == v.shape, (op.prim, local[v.id].shape, v.shape)
+    return [local[v.id] for v in region.outputs]
+
+
+def _pulled(region):
+    found = online.find_online_sums(region.ops)
+    return shifts.pull_out(region, place(region, frozenset(o.sum_id for o in found)))
+
+
+def _logits(rng, rows, cols, offset=0.0, special=False):
+    x = (rng.standard_normal((rows, cols)) * 3 + offset).astype(np.float32)
+    if special:  # rows of -inf beside finite values, all -inf, an +inf, a NaN
+        x[0, ::7] = -np.inf
+        x[1, :] = -np.inf
+        x[2, 5] = np.inf
+        x[3, 9] = np.nan
+        x[4, :] = np.float32(-3e38)
+    return x
+
+
+@pytest.mark.parametrize("offset, special", [(0.0, False), (100.0, False), (-30.0, False), (0.0, True)])
+def test_token_stats_rewritten_give_the_traced_results(offset, special):
+    rows, cols = 8, 3000
+    traced, regions = _regions(token_stats, [jax.ShapeDtypeStruct((rows, cols), jnp.float32)])
+    (region,) = regions
+    rewritten, n = _pulled(region)
+    assert n == 2  # the mean's sum and the max
+    found = online.find_online_sums(rewritten.ops)
+    layout = place(rewritten, frozenset(o.sum_id for o in found))
+    assert cost.chunk_passes(layout, rewritten.ops, rewritten.outputs, found) == 1
+    rng = np.random.default_rng(7)
+    for _ in range(3):
+        x = _logits(rng, rows, cols, offset, special)
+        env = _env(traced, [x])
+        (mean, mx) = _evaluate(rewritten, traced, env)
+        want_mean, want_max = (env[v.id] for v in region.outputs)
+        np.testing.assert_array_equal(mx, want_max)  # bit for bit, NaN and infinities in place
+        np.testing.assert_array_equal(np.isnan(mean), np.isnan(want_mean))
+        finite = np.isfinite(want_mean)
+        np.testing.assert_array_equal(mean[~finite], want_mean[~finite])
+        # float32 sums: within the rounding the shift itself carries (eps * |offset| / |result|)
+        np.testing.assert_allclose(mean[finite], want_mean[finite], rtol=2e-6 * (1 + abs(offset) / 10))
+
+
+def test_smoothed_loss_uniform_part_comes_out_of_the_second_pass():
+    traced, regions = _regions(smoothed_loss, [jax.ShapeDtypeStruct((8, 3000), jnp.float32),
+                                               jax.ShapeDtypeStruct((8,), jnp.int32)])
+    rng = np.random.default_rng(3)
+    x, labels = _logits(rng, 8, 3000), rng.integers(0, 3000, 8).astype(np.int32)
+    env = _env(traced, [x, labels])
+    changed = 0
+    for region in regions:
+        rewritten, n = _pulled(region)
+        changed += n
+        for got, v in zip(_evaluate(rewritten, traced, env), region.outputs):
+            np.testing.assert_allclose(got, env[v.id], rtol=2e-6)
+    assert changed >= 1
+
+
+def test_a_max_shifted_by_another_rows_max_keeps_its_shift():
+    specs = [jax.ShapeDtypeStruct((8, 3000), jnp.float32)] * 2
+    traced, regions = _regions(centered_max, specs)
+    (region,) = regions
+    rewritten, n = _pulled(region)
+    assert n == 1  # the sum only: y's max may be -inf beside a finite x
+    maxes = [op for op in rewritten.ops if op.prim == "reduce_max"]
+    assert any(op.index != shifts.NEW and op.inputs[0].shape == (8, 3000) and op.inputs[0] not in region.inputs
+               for op in maxes)
+    rng = np.random.default_rng(5)
+    x, y = _logits(rng, 8, 3000), _logits(rng, 8, 3000)
+    y[2, :] = -np.inf
+    env = _env(traced, [x, y])
+    for got, v in zip(_evaluate(rewritten, traced, env), region.outputs):
+        np.testing.assert_allclose(got, env[v.id], rtol=2e-6)
+
+
+def test_half_precision_sums_keep_their_shifts():
+    traced, regions = _regions(token_stats, [jax.ShapeDtypeStruct((8, 3000), jnp.bfloat16)])
+    (region,) = regions
+    rewritten, n = _pulled(region)
+    assert n <= 1  # at most the max (exact in any precision); the bfloat16 sum stays two-pass
+    assert [op.prim for op in rewritten.ops if op.index == shifts.NEW].count("reduce_sum") == 0
+
+
+def _region_report(fun, *specs, **tune):
+    return jaxstitch.explain(fun, *specs, target="h100").regions
+
+
+@pytest.mark.parametrize("rows", [34, 128])
+def test_long_rows_statistics_read_each_row_once(rows, monkeypatch):
+    spec = jax.ShapeDtypeStruct((rows, 262144), jnp.float32)
+    (r,) = jaxstitch.explain(token_stats, spec, target="h100").regions
+    assert r.stitched and r.kernels == 1
+    assert "one pass" in r.mapping and "shifts out of 2 reductions" in r.mapping, r.mapping
+    monkeypatch.setenv("JAXSTITCH_TUNE", "shifts=0")
+    (before,) = jaxstitch.explain(token_stats, spec, target="h100").regions
+    assert "shifts" not in before.mapping and "one pass" not in before.mapping
+    assert r.est_bytes == before.est_bytes and r.est_us < before.est_us
+
+
+def test_nothing_is_rewritten_where_a_pass_stays():
+    spec = jax.ShapeDtypeStruct((64, 32768), jnp.float32)
+    for r in jaxstitch.explain(log_softmax_and_mean, spec, target="h100").regions:
+        assert "shifts" not in (r.mapping or "")
