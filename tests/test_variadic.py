@@ -143,6 +143,11 @@ def test_unstitchable_variadic_reduces_say_why(fun, specs, reason):
 
 
 @pytest.mark.parametrize("name", ["argmax_with_value", "max_with_count", "first_above", "moe_router"])
-def test_fallback_matches_jax_jit(name):
+def test_fallback_matches_jax_jit(name, gpu_available):
+    """Without a GPU, jaxstitch.jit runs jax.jit's program: bit for bit. (On a GPU the stitched
+    kernels sum in their own order, moe_router's softmax total 1 ulp off in 29% of rows:
+    test_variadic_reduces_match_xla compares those with tolerances.)"""
+    if gpu_available:
+        pytest.skip("a GPU is present: the regions are stitched (compared in test_variadic_reduces_match_xla)")
     fun, specs, _ = CASES[name]
     assert_same_as_jax_jit(fun, random_inputs(specs, 5))
