@@ -32,6 +32,11 @@ def centered_max(x, y):
     return jnp.max(x - jnp.max(y, -1, keepdims=True), -1), jnp.sum(x - jnp.max(y, -1, keepdims=True), -1)
 
 
+def plain_and_centered_sums(x):
+    """A row's own sum beside a sum of it shifted by its max: two different sums of x."""
+    return x.sum(-1), (x - x.max(-1, keepdims=True)).sum(-1), x.max(-1)
+
+
 def log_softmax_and_mean(x):
     """The full log-softmax is written anyway: its pass over the rows stays, so nothing is rewritten."""
     lp = jax.nn.log_softmax(x, axis=-1)
@@ -158,6 +163,16 @@ def test_smoothed_loss_uniform_part_comes_out_of_the_second_pass():
         for got, v in zip(_evaluate(rewritten, traced, env), region.outputs):
             np.testing.assert_allclose(got, env[v.id], rtol=2e-6)
     assert changed >= 1
+
+
+def test_a_rows_own_sum_is_not_taken_for_its_shifted_sum():
+    traced, regions = _regions(plain_and_centered_sums, [jax.ShapeDtypeStruct((8, 3000), jnp.float32)])
+    (region,) = regions
+    rewritten, n = _pulled(region)
+    assert n == 1
+    env = _env(traced, [_logits(np.random.default_rng(11), 8, 3000, offset=5.0)])
+    for got, v in zip(_evaluate(rewritten, traced, env), region.outputs):
+        np.testing.assert_allclose(got, env[v.id], rtol=2e-6, atol=2e-3)
 
 
 def test_a_max_shifted_by_another_rows_max_keeps_its_shift():

@@ -1,4 +1,4 @@
-"""Row-constant shifts taken out of row reductions, so that they reduce the row's inputs directly.
+"""Row-constant shifts taken out of row reductions, so that they fold into the row's first pass.
 
 A log-softmax's statistics (the mean and the max of `lp = x - max(x) - log(sum(exp(..)))`, a
 language model's per-token entropy-like summaries, a label-smoothed loss) reduce values that need
@@ -6,9 +6,10 @@ the row's first reductions: a second pass over every row. Rows that do not fit i
 256k vocabulary, 1 MB a row in float32) read it from HBM again. But a shift `c` constant along the
 row comes out of the reduction:
 
-    max_j(a_j - c) = max_j(a_j) - c        sum_j(a_j - c) = sum_j(a_j) - n c      (also a_j + c)
+    max_j(a_j - c) = max_j(a_j) - c        sum_j(a_j - c) = sum_j(a_j - p) - n (c - p)   (also a_j + c)
 
-so the statistics fold into the first pass beside the max and the sum of exponentials.
+with `p` any per-row value known before the pass: the row's first element, loaded once a row. So
+the statistics fold into the first pass beside the max and the sum of exponentials.
 
 Exactness, per case:
 - max: rounding is monotone, so `max_j fl(a_j - c) = fl(max_j a_j - c)` bit for bit. The one
@@ -16,11 +17,12 @@ Exactness, per case:
   has NaN there, from -inf + inf). So a max shift is taken out only where `c` cannot be -inf beside
   such a row: `c` is the max of the same `a`, or the log of a sum of exp(x - max(x)) (at least 1,
   or NaN). Any other shift stays.
-- sum: infinities and NaN propagate alike (n c is ±inf where c is), but the rounding differs: the
-  sum accumulates |a_j| where the two-pass form accumulates |a_j - c|. The relative error of the
-  result stays O(eps * mean|a| / |result|), the order of the error `c` itself carries, so only
-  float32 sums (float32 partials, a float32 n c) are rewritten; half-precision sums keep the
-  two-pass form. (n c overflows only for |c| > 3.4e38 / n.)
+- sum: the rounding differs. Summing `a_j` itself would accumulate the row's offset (logits around
+  100: |a_j| ~ 100 where |a_j - c| ~ 10, and a row of -3e38 overflows); the terms `a_j - p` carry
+  the row's spread, as the two-pass form's `a_j - c` do, and `c - p` is small where c brings the
+  row near zero (a max does). An infinite first element gives p = 0 (the sum then as written:
+  inf or NaN where the two-pass one is). Only float32 sums of a region input are rewritten (p is
+  read from memory); half-precision sums keep the two-pass form.
 
 The planner takes the rewritten region only where it saves a pass over the rows (planner.py); the
 region's inputs and outputs do not change, and XLA's fallback evaluates the region as traced.
@@ -185,7 +187,8 @@ class _Rewriter:
         where the shifts bring the row near zero, as a max does)."""
         out = op.outputs[0]
         pilot = self._pilot(src, out, set(op.param("axes"))) if op.prim == "reduce_sum" else None
-        key = self._key(op.prim, src, op)
+        # (a max reuses the region's own max of src; a sum of src - p is no sum the region has)
+        key = self._key(op.prim if pilot is None else "sum_less_pilot", src, op)
         acc = self.reductions.get(key)
         if acc is None:
             operand = src if pilot is None else self.emit("sub", (src, pilot[0]), src)
