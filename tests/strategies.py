@@ -662,3 +662,21 @@ def assert_same_as_jax_jit(fun, args):
     got, want = jaxstitch.jit(fun)(*args), jax.jit(fun)(*args)
     for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def traced_values(traced, args, bind=None) -> dict:
+    """Every value of a traced program (trace.trace) on `args`, by id: each equation bound again,
+    with XLA (or `bind(eqn, inputs)`, a stand-in for some of them)."""
+    from jaxstitch import ir, trace as trace_mod
+
+    bind = bind or trace_mod.bind_eqn
+    env = dict(traced.consts)
+    for v, a in zip(traced.graph.inputs, args):
+        env[v.id] = a
+    for e in traced.eqns:
+        ins = [np.asarray(trace_mod.evaluate([], [], [], [a])[0]) if isinstance(a, ir.Const) else env[a.id]
+               for a in e.inputs]
+        with np.errstate(invalid="ignore"):
+            for v, o in zip(e.outputs, bind(e, ins)):
+                env[v.id] = np.asarray(o)
+    return env

@@ -13,6 +13,7 @@ import jaxstitch
 from jaxstitch import ir, partition as partition_mod, pipeline, trace as trace_mod
 from jaxstitch.plan import cost, online, shifts, views
 from jaxstitch.plan.layout import place
+from strategies import traced_values
 
 
 def token_stats(x):
@@ -58,17 +59,8 @@ def _bind(eqn, ins):
     return trace_mod.bind_eqn(eqn, ins)
 
 
-def _env(traced, args):
-    env = dict(traced.consts)
-    for v, a in zip(traced.graph.inputs, args):
-        env[v.id] = a
-    for e in traced.eqns:
-        ins = [np.asarray(trace_mod.evaluate([], [], [], [a])[0]) if isinstance(a, ir.Const) else env[a.id]
-               for a in e.inputs]
-        with np.errstate(invalid="ignore"):
-            for v, o in zip(e.outputs, _bind(e, ins)):
-                env[v.id] = np.asarray(o)
-    return env
+def _values(traced, args):
+    return traced_values(traced, args, _bind)
 
 
 def _new_op(op, ins):
@@ -139,7 +131,7 @@ def test_token_stats_rewritten_give_the_traced_results(offset, special):
     rng = np.random.default_rng(7)
     for _ in range(3):
         x = _logits(rng, rows, cols, offset, special)
-        env = _env(traced, [x])
+        env = _values(traced, [x])
         (mean, mx) = _evaluate(rewritten, traced, env)
         want_mean, want_max = (env[v.id] for v in region.outputs)
         np.testing.assert_array_equal(mx, want_max)  # bit for bit, NaN and infinities in place
@@ -155,7 +147,7 @@ def test_smoothed_loss_uniform_part_comes_out_of_the_second_pass():
                                                jax.ShapeDtypeStruct((8,), jnp.int32)])
     rng = np.random.default_rng(3)
     x, labels = _logits(rng, 8, 3000), rng.integers(0, 3000, 8).astype(np.int32)
-    env = _env(traced, [x, labels])
+    env = _values(traced, [x, labels])
     changed = 0
     for region in regions:
         rewritten, n = _pulled(region)
@@ -170,7 +162,7 @@ def test_a_rows_own_sum_is_not_taken_for_its_shifted_sum():
     (region,) = regions
     rewritten, n = _pulled(region)
     assert n == 1
-    env = _env(traced, [_logits(np.random.default_rng(11), 8, 3000, offset=5.0)])
+    env = _values(traced, [_logits(np.random.default_rng(11), 8, 3000, offset=5.0)])
     for got, v in zip(_evaluate(rewritten, traced, env), region.outputs):
         np.testing.assert_allclose(got, env[v.id], rtol=2e-6, atol=2e-3)
 
@@ -187,7 +179,7 @@ def test_a_max_shifted_by_another_rows_max_keeps_its_shift():
     rng = np.random.default_rng(5)
     x, y = _logits(rng, 8, 3000), _logits(rng, 8, 3000)
     y[2, :] = -np.inf
-    env = _env(traced, [x, y])
+    env = _values(traced, [x, y])
     for got, v in zip(_evaluate(rewritten, traced, env), region.outputs):
         np.testing.assert_allclose(got, env[v.id], rtol=2e-6)
 
@@ -198,10 +190,6 @@ def test_half_precision_sums_keep_their_shifts():
     rewritten, n = _pulled(region)
     assert n <= 1  # at most the max (exact in any precision); the bfloat16 sum stays two-pass
     assert [op.prim for op in rewritten.ops if op.index == shifts.NEW].count("reduce_sum") == 0
-
-
-def _region_report(fun, *specs, **tune):
-    return jaxstitch.explain(fun, *specs, target="h100").regions
 
 
 @pytest.mark.parametrize("rows", [34, 128])

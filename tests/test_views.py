@@ -13,6 +13,7 @@ import jaxstitch
 from jaxstitch import ir, partition as partition_mod, pipeline, trace as trace_mod
 from jaxstitch.plan import views
 from jaxstitch.plan.layout import Unplannable, place
+from strategies import traced_values
 
 
 def rope(x, cos, sin):
@@ -115,19 +116,6 @@ def _traced(fun, specs):
     return traced, part
 
 
-def _env(traced, args):
-    """Every value of the traced program, computed with XLA."""
-    env = dict(traced.consts)
-    for v, a in zip(traced.graph.inputs, args):
-        env[v.id] = a
-    for e in traced.eqns:
-        ins = [np.asarray(trace_mod.evaluate([], [], [], [a])[0]) if isinstance(a, ir.Const) else env[a.id]
-               for a in e.inputs]
-        for v, o in zip(e.outputs, trace_mod.bind_eqn(e, ins)):
-            env[v.id] = np.asarray(o)
-    return env
-
-
 def _gather(op, src, dyn):
     view = op.param("view")
     index = np.full(view.shape, view.offset, dtype=np.int64)
@@ -201,7 +189,7 @@ def test_sunk_regions_compute_what_the_region_does(name):
     moved = [r for r in part.regions if any(op.prim in views.opdefs.VIEWS for op in r.ops)]
     assert moved, "no region holds a data-moving op"
     for seed in range(3):
-        env = _env(traced, _random(specs, seed))
+        env = traced_values(traced, _random(specs, seed))
         for region, sunk in _sunk_regions(part):
             assert not any(op.prim in views.opdefs.VIEWS for op in sunk.ops)
             assert sunk.inputs == region.inputs and sunk.outputs == region.outputs
