@@ -87,13 +87,12 @@ def chunk_passes(layout: Layout, ops, outputs, online=()) -> int:
     sum's with its max's) or a full-size output stores, and the first. The last level may need none
     (its values are one per row): a log-softmax's statistics with their shifts taken out
     (plan/shifts.py) are one pass."""
-    by_sum = {o.sum_id: o for o in online}
+    online_sums = {o.sum_id for o in online}
     levels = {0}
     for op in ops:
-        if opdefs.is_row_reduction(op) or (opdefs.is_grid_reduction(op) and layout.of(op.inputs[0]).declared == FULL):
-            pair = by_sum.get(op.outputs[0].id)
-            src = (op.inputs[0],) if pair is None else ()
-            levels |= {layout.of(a).level for a in src if isinstance(a, ir.Value)}
+        folds = opdefs.is_row_reduction(op) or (opdefs.is_grid_reduction(op) and layout.of(op.inputs[0]).declared == FULL)
+        if folds and op.outputs[0].id not in online_sums and isinstance(op.inputs[0], ir.Value):
+            levels.add(layout.of(op.inputs[0]).level)
     levels |= {layout.of(v).level for v in outputs if layout.of(v).declared in (FULL, COL)}
     return len(levels - {EPILOGUE})
 

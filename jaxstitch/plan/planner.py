@@ -50,6 +50,7 @@ class KernelPlan:
     # reduction levels of the region as traced, which XLA runs (None: the same as the layout's).
     shifts: int = 0
     xla_levels: int | None = None
+    passes: int = 1  # over the rows' elements (cost.chunk_passes)
 
     @property
     def stage_bytes(self) -> int:
@@ -148,7 +149,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     except Unplannable as e:
         return _plan_tile(original, target, tuning, relaxed, str(e))
     sunk = region
-    region, online, layout, shifts = _fewer_passes(region, online, layout, tuning)
+    region, online, layout, shifts, passes = _fewer_passes(region, online, layout, tuning)
     try:
         grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
         if any(op.prim in opdefs.PICKING for op in grid_ops):
@@ -162,7 +163,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                                 stash_itemsizes=tuple(v.itemsize for v in row_inputs),
                                 splittable=not any(op.prim in opdefs.PICKING for op in row_reductions)
                                 and not scans,
-                                one_pass=cost.chunk_passes(layout, region.ops, region.outputs, online) == 1)
+                                one_pass=passes == 1)
         if mp.chunks > 1 and len({op.param("reverse") for op in scans}) > 1:
             raise Unplannable(f"scans in both directions along rows of {mp.n_cols} walked in {mp.chunks} "
                               "chunks (a pass over the chunks runs one way)")
@@ -192,7 +193,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         ws = offset * 4 if mp.cooperative else 0
         xla_levels = cost.reduction_levels(place(sunk, frozenset())) if online or shifts else None
         kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits), online,
-                            bool(tuning.fast_exp) and fast_exp(region), shifts, xla_levels)
+                            bool(tuning.fast_exp) and fast_exp(region), shifts, xla_levels, passes)
     except Unplannable as e:
         return RegionPlan(original, None, None, str(e))
     busy_sms = min(target.sm_count, mp.grid)
@@ -218,26 +219,25 @@ def _estimate(kernel: KernelPlan, original: Region, target: Target) -> cost.Esti
                          n_scans=len(scans), views_after_reduction=_views_after_reduction(original),
                          gather_compute_ops=_computing_ops(region) if full_gathers else 0,
                          xla_row_levels=kernel.xla_levels,
-                         passes=cost.chunk_passes(layout, region.ops, region.outputs, kernel.online))
+                         passes=kernel.passes)
 
 
 def _fewer_passes(region: Region, online, layout: Layout, tuning: mapping_mod.Tuning):
-    """(region, online sums, layout, shifts taken out): with the row reductions' shifts taken out
-    (plan/shifts.py) where that saves a pass over the rows, as planned otherwise."""
-    if not tuning.shifts:
-        return region, online, layout, 0
-    shifted, n = pull_out(region, layout)
+    """(region, online sums, layout, shifts taken out, passes over the rows): with the row
+    reductions' shifts taken out (plan/shifts.py) where that saves a pass, as planned otherwise."""
+    passes = cost.chunk_passes(layout, region.ops, region.outputs, online)
+    shifted, n = pull_out(region, layout) if tuning.shifts else (region, 0)
     if not n:
-        return region, online, layout, 0
+        return region, online, layout, 0, passes
     online2 = find_online_sums(shifted.ops) if tuning.online else ()
     try:
         layout2 = place(shifted, frozenset(o.sum_id for o in online2))
     except Unplannable:
-        return region, online, layout, 0
-    if cost.chunk_passes(layout2, shifted.ops, shifted.outputs, online2) >= \
-            cost.chunk_passes(layout, region.ops, region.outputs, online):
-        return region, online, layout, 0
-    return shifted, online2, layout2, n
+        return region, online, layout, 0, passes
+    passes2 = cost.chunk_passes(layout2, shifted.ops, shifted.outputs, online2)
+    if passes2 >= passes:
+        return region, online, layout, 0, passes
+    return shifted, online2, layout2, n, passes2
 
 
 def estimate_rows(plan: RegionPlan, n_rows: int, target: Target, registers: int | None = None) -> cost.Estimate:
