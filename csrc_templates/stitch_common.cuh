@@ -1,7 +1,7 @@
 // Device helpers shared by every stitched kernel: storage <-> compute conversions, vector memory
 // access, NaN-propagating min/max, row and block reductions, and the one-shot grid barrier.
 // Storage types: float32 -> float, bfloat16/float16 -> unsigned short (bits), int32 -> int,
-// bool -> unsigned char. Half types are computed in float and rounded on store, like XLA with
+// uint32 -> unsigned, bool -> unsigned char. Half types are computed in float and rounded on store, like XLA with
 // excess precision allowed.
 #define JS_INF __int_as_float(0x7f800000)
 #define JS_NAN __int_as_float(0x7fc00000)
@@ -43,6 +43,11 @@ template <> struct js_io<int> {
   static __device__ __forceinline__ int get(int s) { return s; }
   static __device__ __forceinline__ int put(int c) { return c; }
 };
+template <> struct js_io<unsigned> {
+  typedef unsigned C;
+  static __device__ __forceinline__ unsigned get(unsigned s) { return s; }
+  static __device__ __forceinline__ unsigned put(unsigned c) { return c; }
+};
 template <> struct js_io<unsigned char> {
   typedef bool C;
   static __device__ __forceinline__ bool get(unsigned char s) { return s != 0; }
@@ -55,12 +60,14 @@ template <> struct js_io<unsigned char> {
 template <typename S> __device__ __forceinline__ unsigned int js_bits(S s);
 template <> __device__ __forceinline__ unsigned int js_bits(float s) { return __float_as_uint(s); }
 template <> __device__ __forceinline__ unsigned int js_bits(int s) { return (unsigned int)s; }
+template <> __device__ __forceinline__ unsigned int js_bits(unsigned s) { return s; }
 template <> __device__ __forceinline__ unsigned int js_bits(js_bf16 s) { return s.bits; }
 template <> __device__ __forceinline__ unsigned int js_bits(js_f16 s) { return s.bits; }
 template <> __device__ __forceinline__ unsigned int js_bits(unsigned char s) { return s; }
 template <typename S> __device__ __forceinline__ S js_from_bits(unsigned int b);
 template <> __device__ __forceinline__ float js_from_bits(unsigned int b) { return __uint_as_float(b); }
 template <> __device__ __forceinline__ int js_from_bits(unsigned int b) { return (int)b; }
+template <> __device__ __forceinline__ unsigned js_from_bits(unsigned int b) { return b; }
 template <> __device__ __forceinline__ js_bf16 js_from_bits(unsigned int b) { js_bf16 r; r.bits = (unsigned short)b; return r; }
 template <> __device__ __forceinline__ js_f16 js_from_bits(unsigned int b) { js_f16 r; r.bits = (unsigned short)b; return r; }
 template <> __device__ __forceinline__ unsigned char js_from_bits(unsigned int b) { return (unsigned char)b; }
@@ -222,10 +229,20 @@ __device__ __forceinline__ float js_max(float a, float b) { float r; asm("max.Na
 __device__ __forceinline__ float js_min(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 __device__ __forceinline__ int js_max(int a, int b) { return a > b ? a : b; }
 __device__ __forceinline__ int js_min(int a, int b) { return a < b ? a : b; }
+__device__ __forceinline__ unsigned js_max(unsigned a, unsigned b) { return a > b ? a : b; }
+__device__ __forceinline__ unsigned js_min(unsigned a, unsigned b) { return a < b ? a : b; }
 __device__ __forceinline__ bool js_max(bool a, bool b) { return a || b; }
 __device__ __forceinline__ bool js_min(bool a, bool b) { return a && b; }
 __device__ __forceinline__ float js_sign(float a) { return a > 0.f ? 1.f : (a < 0.f ? -1.f : a); }
 __device__ __forceinline__ int js_sign(int a) { return (a > 0) - (a < 0); }
+// Shifts as XLA defines them: an amount of 32 or more (as unsigned) gives 0, or the sign for an
+// arithmetic right shift (C leaves those undefined). Constant amounts fold the test away.
+__device__ __forceinline__ unsigned js_shl(unsigned a, unsigned b) { return b < 32u ? a << b : 0u; }
+__device__ __forceinline__ int js_shl(int a, int b) { return (int)js_shl((unsigned)a, (unsigned)b); }
+__device__ __forceinline__ unsigned js_shrl(unsigned a, unsigned b) { return b < 32u ? a >> b : 0u; }
+__device__ __forceinline__ int js_shrl(int a, int b) { return (int)js_shrl((unsigned)a, (unsigned)b); }
+__device__ __forceinline__ int js_shra(int a, int b) { return a >> ((unsigned)b < 32u ? b : 31); }
+__device__ __forceinline__ unsigned js_shra(unsigned a, unsigned b) { return (unsigned)js_shra((int)a, (int)b); }
 __device__ __forceinline__ int js_f2i(float a) {
   return a != a ? 0 : (a >= 2147483648.f ? JS_INT_MAX : (a <= -2147483648.f ? JS_INT_MIN : (int)a));
 }

@@ -72,7 +72,7 @@ DTYPE_BYTES = {
     "float8_e4m3fn": 1, "float8_e5m2": 1,
 }
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
-SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "int32", "bool")
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "int32", "uint32", "bool")
 
 
 def live(nodes, outputs, keep=lambda node: False) -> tuple:

@@ -11,11 +11,12 @@ UNARY = frozenset({
     "neg", "abs", "sign", "floor", "ceil", "round", "exp", "exp2", "log", "log1p", "expm1", "tanh",
     "logistic", "erf", "erfc", "erf_inv", "sqrt", "rsqrt", "cbrt", "sin", "cos", "tan", "not",
     "is_finite", "integer_pow", "square", "reciprocal", "one_minus_square", "stop_gradient", "copy",
-    "copy_p", "convert_element_type", "reduce_precision", "real", "imag",
+    "copy_p", "convert_element_type", "bitcast_convert_type", "reduce_precision", "real", "imag",
 } - {"real", "imag", "reduce_precision"})
 BINARY = frozenset({
     "add", "add_any", "sub", "mul", "div", "rem", "pow", "max", "min", "atan2", "nextafter",
     "eq", "ne", "lt", "le", "gt", "ge", "and", "or", "xor",
+    "shift_left", "shift_right_logical", "shift_right_arithmetic",
 } - {"nextafter"})
 TERNARY = frozenset({"select_n", "clamp"})
 ELEMENTWISE = UNARY | BINARY | TERNARY
@@ -58,6 +59,9 @@ def unsupported_reason(op: ir.Op) -> str | None:
             return f"{prim} has a {v.dtype} operand (stitched dtypes: {', '.join(ir.SUPPORTED_DTYPES)})"
     if any(o.size == 0 for o in op.outputs):
         return f"{prim} has an empty output"
+    reason = _integer_reason(op)
+    if reason:
+        return reason
     if prim == "reshape" and op.param("dimensions") is not None:
         return "reshape with a dimension permutation moves data"
     if prim == "pad" and any(interior for _, _, interior in op.param("padding_config", ())):
@@ -74,6 +78,29 @@ def unsupported_reason(op: ir.Op) -> str | None:
         return f"{prim} is stitched only along the last axes"
     if prim == VARIADIC:
         return _variadic_reason(op)
+    return None
+
+
+# uint32 (the random bits of a dropout, prng.py) joins regions through bit operations only.
+_UINT32_OK = frozenset({"add", "sub", "mul", "and", "or", "xor", "not", "shift_left", "shift_right_logical",
+                        "shift_right_arithmetic", "eq", "ne", "lt", "le", "gt", "ge", "max", "min",
+                        "select_n", "convert_element_type", "bitcast_convert_type", "stop_gradient",
+                        "copy", "copy_p", "iota"}) | LAYOUT | VIEWS
+_WORDS = ("float32", "int32", "uint32")
+
+
+def _integer_reason(op: ir.Op) -> str | None:
+    """Why an op on uint32 values, a shift or a bitcast stays with XLA (None: it may join)."""
+    dtypes = {v.dtype for v in list(op.inputs) + list(op.outputs)}
+    if "uint32" in dtypes and op.prim not in _UINT32_OK:
+        return f"{op.prim} of a uint32 value (stitched: bit operations, comparisons, converts)"
+    if op.prim.startswith("shift_") and not dtypes <= {"int32", "uint32"}:
+        return f"{op.prim} of a {op.inputs[0].dtype} value"
+    if op.prim == "bitcast_convert_type" and not (op.inputs[0].dtype in _WORDS and op.outputs[0].dtype in _WORDS):
+        return f"bitcast_convert_type from {op.inputs[0].dtype} to {op.outputs[0].dtype} (stitched: 4-byte words)"
+    if (op.prim == "convert_element_type" and op.outputs[0].dtype == "uint32"
+            and op.inputs[0].dtype in ir.FLOAT_DTYPES):
+        return f"convert_element_type from {op.inputs[0].dtype} to uint32"
     return None
 
 

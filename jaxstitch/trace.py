@@ -14,7 +14,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from . import ir
+from . import ir, prng
 
 _INLINED = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
             "custom_vjp_call_jaxpr", "checkpoint", "remat")
@@ -83,6 +83,17 @@ def _inner_jaxpr(eqn):
     return None
 
 
+def _expansion(eqn):
+    """A threefry `random_bits` as its elementwise ops (prng.py), else None."""
+    if eqn.primitive.name != "random_bits":
+        return None
+    key_aval, (shape, width) = eqn.invars[0].aval, (eqn.params["shape"], eqn.params["bit_width"])
+    if not prng.expandable(key_aval, width, shape):
+        return None
+    closed = prng.expand(key_aval, shape)
+    return None if closed is None else (closed.jaxpr, closed.consts)
+
+
 class _Flattener:
     def __init__(self):
         self.ids = itertools.count()
@@ -115,7 +126,7 @@ class _Flattener:
             env[var] = a
         for eqn in jaxpr.eqns:
             ins = [self.atom(env, x) for x in eqn.invars]
-            inner = _inner_jaxpr(eqn) if eqn.primitive.name in _INLINED else None
+            inner = _inner_jaxpr(eqn) if eqn.primitive.name in _INLINED else _expansion(eqn)
             if inner is not None:
                 outs = self.run(inner[0], inner[1], ins)
                 for var, o in zip(eqn.outvars, outs):

@@ -34,6 +34,7 @@ from test_views import CASES as VIEW_CASES, _random as view_inputs
 from test_scans import CASES as SCAN_CASES
 from test_variadic import CASES as VARIADIC_CASES
 from test_tile_transpose import CASES as TRANSPOSE_CASES
+from test_prng import CASES as PRNG_CASES, case_inputs as prng_inputs
 from test_transforms import COMPOSITIONS, CONTROL_FLOW, FUNS, MIN_KERNELS, stitched_kernels
 from jaxstitch.ops import VARIADIC
 from jaxstitch.ops import SCANS
@@ -647,6 +648,34 @@ def forced_case(family, name, dtype, fun, draw, ops):
         want = jax.block_until_ready(jax.jit(fun)(*args))
         _, got = run_stitched(fun, args, what)
     return what, args, jax.tree.leaves(got), jax.tree.leaves(want)
+
+
+# (the cases whose float outputs are zero exactly where a dropout mask drops)
+MASKED = {"dropout", "two_dropouts"}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", sorted(PRNG_CASES))
+def test_random_bits_match_xla(name, dtype):
+    """Threefry bits drawn inside stitched kernels (jaxstitch/prng.py), forced, against jax.jit:
+    integer outputs bit for bit, every dropout mask (where the output is zero) exactly, floats
+    within the tolerance; shifts by 0..63 and bitcasts as XLA defines them."""
+    fun, specs = PRNG_CASES[name]
+    seed = (RUN_SEED + zlib.crc32(f"prng/{name}/{dtype}".encode())) % (1 << 63)
+    args = prng_inputs(specs, seed, DTYPES[dtype])
+    what = _msg(f"{name} {dtype}", seed)
+    want = jax.block_until_ready(jax.jit(fun)(*args))
+    with force_stitching():
+        report = jaxstitch.explain(fun, *args)
+        assert any(r.stitched and "shift_left" in r.ops for r in report.regions), str(report)
+        _, got = run_stitched(fun, args, what)
+    for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)):
+        a, c = np.asarray(a), np.asarray(c)
+        if name in MASKED:
+            dropped = int(np.sum((a == 0) != (c == 0)))
+            assert dropped == 0, f"{what} output {i}: {dropped} of {c.size} elements dropped by one mask only"
+            assert 0 < np.sum(c == 0) < c.size, f"{what} output {i}: the mask drops all or nothing"
+        compare(a, c, f"{what} output {i}")
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

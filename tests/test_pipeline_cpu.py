@@ -428,13 +428,15 @@ def test_workload_plans(name, dtype, target):
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_bias_gelu_declined_because_xla_fuses_it(dtype):
-    """At an unambiguous shape the reason is the cost model's: XLA runs it as one kernel already."""
-    x, b = S((2048, 1024), DTYPES[dtype]), S((1024,), DTYPES[dtype])
+    """At a million elements the reason is the cost model's: XLA runs it (random bits included, which
+    join the region: prng.py) as one kernel, and the launch leaves too little of the estimated gain
+    (tests/test_prng.py: stitched at larger sizes)."""
+    x, b = S((1024, 1024), DTYPES[dtype]), S((1024,), DTYPES[dtype])
     report = explain(WORKLOADS["bias_gelu_dropout"].fn, x, b, S((2,), jnp.uint32))
     ew = [r for r in report.regions if {"erf", "erfc"} & set(r.ops)]
     assert len(ew) == 1 and not ew[0].stitched, str(report)
     assert "XLA" in ew[0].reason and ew[0].xla_kernels == 1, str(report)
-    assert "random_bits" in {p for p, _ in report.xla_ops}, str(report)
+    assert "shift_left" in ew[0].ops and "random_bits" not in {p for p, _ in report.xla_ops}, str(report)
 
 
 # ----------------------------------------------------------------------------------------------------

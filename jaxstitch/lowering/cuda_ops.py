@@ -1,7 +1,8 @@
 """The C expression of each stitchable primitive: a table, not a pass (compare tinygrad's renderer).
 
 Every function takes the op and its operands already rendered as C expressions in compute types
-(float for every floating dtype, int for int32, bool for bool) and returns one C expression.
+(float for every floating dtype, int for int32, unsigned for uint32, bool for bool) and returns one
+C expression.
 """
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import math
 
 from .. import ir
 
-CTYPE = {"float32": "float", "bfloat16": "float", "float16": "float", "int32": "int", "bool": "bool"}
-STYPE = {"float32": "float", "bfloat16": "js_bf16", "float16": "js_f16", "int32": "int", "bool": "unsigned char"}
+CTYPE = {"float32": "float", "bfloat16": "float", "float16": "float", "int32": "int", "uint32": "unsigned",
+         "bool": "bool"}
+STYPE = {"float32": "float", "bfloat16": "js_bf16", "float16": "js_f16", "int32": "int", "uint32": "unsigned",
+         "bool": "unsigned char"}
 
 
 def literal(value, dtype: str) -> str:
@@ -19,6 +22,8 @@ def literal(value, dtype: str) -> str:
         return "true" if value else "false"
     if ctype == "int":
         return f"({int(value)})"
+    if ctype == "unsigned":
+        return f"({int(value)}u)"
     v = float(value)
     if math.isnan(v):
         return "JS_NAN"
@@ -44,7 +49,19 @@ def _convert(op: ir.Op, a):
         return base
     if cd == "int":
         return f"js_f2i({x})" if cs == "float" else f"((int)({x}))"
+    if cd == "unsigned":  # (not from a float: ops.py)
+        return f"((unsigned)({x}))"
     return f"(({x}) != 0)"
+
+
+_BITCAST = {("float", "int"): "__float_as_int", ("float", "unsigned"): "__float_as_uint",
+            ("int", "float"): "__int_as_float", ("unsigned", "float"): "__uint_as_float",
+            ("int", "unsigned"): "(unsigned)", ("unsigned", "int"): "(int)"}
+
+
+def _bitcast(op: ir.Op, a):
+    src, dst = CTYPE[op.inputs[0].dtype], CTYPE[op.outputs[0].dtype]
+    return a[0] if src == dst else f"{_BITCAST[src, dst]}({a[0]})"
 
 
 def _integer_pow(op: ir.Op, a):
@@ -62,7 +79,7 @@ def _round(op: ir.Op, a):
 def _by_ctype(float_expr: str, int_expr: str, bool_expr: str | None = None):
     def render(op: ir.Op, a):
         ctype = CTYPE[op.inputs[0].dtype]
-        expr = {"float": float_expr, "int": int_expr, "bool": bool_expr or int_expr}[ctype]
+        expr = {"float": float_expr, "int": int_expr, "unsigned": int_expr, "bool": bool_expr or int_expr}[ctype]
         return expr.format(*a)
     return render
 
@@ -96,7 +113,7 @@ EXPR = {
     "reciprocal": lambda op, a: f"(1.0f / {a[0]})",
     "one_minus_square": lambda op, a: f"(1.0f - {a[0]} * {a[0]})",  # (jax 0.11: tanh's derivative)
     "stop_gradient": lambda op, a: a[0], "copy": lambda op, a: a[0], "copy_p": lambda op, a: a[0],
-    "convert_element_type": _convert,
+    "convert_element_type": _convert, "bitcast_convert_type": _bitcast,
     "add": lambda op, a: f"({a[0]} + {a[1]})", "add_any": lambda op, a: f"({a[0]} + {a[1]})",
     "sub": lambda op, a: f"({a[0]} - {a[1]})", "mul": lambda op, a: f"({a[0]} * {a[1]})",
     "div": _by_ctype("js_div({0}, {1})", "js_idiv({0}, {1})"),
@@ -110,6 +127,9 @@ EXPR = {
     "and": _by_ctype("", "({0} & {1})", "({0} && {1})"),
     "or": _by_ctype("", "({0} | {1})", "({0} || {1})"),
     "xor": _by_ctype("", "({0} ^ {1})", "({0} != {1})"),
+    "shift_left": lambda op, a: f"js_shl({a[0]}, {a[1]})",
+    "shift_right_logical": lambda op, a: f"js_shrl({a[0]}, {a[1]})",
+    "shift_right_arithmetic": lambda op, a: f"js_shra({a[0]}, {a[1]})",
     "select_n": _select_n,
     "clamp": lambda op, a: f"js_min(js_max({a[1]}, {a[0]}), {a[2]})",
 }

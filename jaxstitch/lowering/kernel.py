@@ -237,17 +237,18 @@ class Kernel:
             name = f"v{out.id}"
             self.remember(op)
         stride, size = self.placed(out).iota
+        ct = self.ctype(out)
         if self.placed(out).storage == ROW:
-            w(f"const int {name} = (int)((row / {stride}) % {size});")
+            w(f"const {ct} {name} = ({ct})((row / {stride}) % {size});")
         elif self.placed(out).storage == COL:
             expr = col_index("e") + (f" / {stride}" if stride > 1 else "")
             if stride * size < self.m.n_cols:  # else the quotient is below `size` already
                 expr += f" % {size}"
-            w(f"int {name}[E];")
+            w(f"{ct} {name}[E];")
             w("#pragma unroll")
-            w(f"for (int e = 0; e < E; ++e) {name}[e] = {expr};")
+            w(f"for (int e = 0; e < E; ++e) {name}[e] = ({ct})({expr});")
         else:
-            w(f"const int {name} = 0;")
+            w(f"const {ct} {name} = 0;")
 
     def gather(self, w: Writer, op: ir.Op, name: str | None = None):
         """Load an input at the indices of a view (plan/views.py): row axes indexed by `row`, column

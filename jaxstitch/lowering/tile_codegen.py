@@ -79,7 +79,7 @@ class _Emitter:
     def expr(self, op: ir.Op) -> str:
         out = op.outputs[0]
         if op.prim == "iota":
-            return f"(int)({_INDEX[self.plan.of(out).iota_axis]})"
+            return f"({self.ctype(out)})({_INDEX[self.plan.of(out).iota_axis]})"
         found = bool_factor(op, self.producer)  # x * convert(pred) as pred ? x : 0
         if found is not None:
             i, pred = found

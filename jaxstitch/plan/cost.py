@@ -56,6 +56,14 @@ SCAN_XLA_PASSES = 4
 # byte count alone predicted 209 and 158 us (and 0.89x on the H200, session 13). Calibrated on the
 # float32 forward, the fastest of them, so the estimate stays on our side.
 GATHER_OPS_PER_SM_US = 7.4e6 / 132
+# A kernel drawing dropout's random bits (threefry, ~120 integer ops an element, jaxstitch/prng.py)
+# is bound by the integer ops its SMs issue (half the float rate on sm_80/sm_90), on both sides, and
+# XLA's loop fusion issues fewer of them per microsecond than our row kernel. Measured on an H100
+# (bias + GELU + dropout, [16384, 4096], 120 full-size integer ops an element, session 20): XLA
+# 441.8 us (float32) and 425.9 us (bfloat16), ours forced 359.6 and 358.8 us; per SM and us,
+# elements times integer ops. Ours from the slower of its two, XLA's from the faster of its two.
+OUR_INT_OPS_PER_SM_US = 120 * 16384 * 4096 / 359.6 / 132
+XLA_INT_OPS_PER_SM_US = 120 * 16384 * 4096 / 425.9 / 132
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +109,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
              target: Target, rereads: bool = False, busy_sms: int | None = None,
              split_rounds: int = 0, gathered_bytes: int = 0, n_scans: int = 0,
              views_after_reduction: bool = False, gather_compute_ops: int = 0,
-             xla_row_levels: int | None = None, passes: int | None = None) -> Estimate:
+             xla_row_levels: int | None = None, passes: int | None = None,
+             integer_ops: int = 0) -> Estimate:
     """`rereads`: phases after the first read their row inputs again from global memory (L2);
     `busy_sms`: the SMs our grid occupies (fewer than the target has when there are few rows);
     `split_rounds`: rounds of (row, slice) tasks when rows are split over blocks, each crossing a
@@ -116,7 +125,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     and summed per row is three levels to XLA, 6 kernels at 32% of the roofline (H200, [4096,
     32000] float32), where one online pass and a second reduction made it look like one kernel;
     `gather_compute_ops`: set when the kernel reads full-size values through gathers, the region's
-    ops that compute (per element of the row space; see GATHER_OPS_PER_SM_US)."""
+    ops that compute (per element of the row space; see GATHER_OPS_PER_SM_US); `integer_ops`: the
+    full-size integer ops an element (OUR_INT_OPS_PER_SM_US), which bound both sides."""
     bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
     io = [layout.of(v) for v in inputs] + [layout.of(v) for v in outputs]
     must_move = sum(_nbytes(p, layout) for p in io) + gathered_bytes
@@ -131,7 +141,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     if layout.n_cols <= NARROW_COLS:
         ours /= NARROW_EFFICIENCY
     issue = gather_compute_ops * layout.n_rows * layout.n_cols / (GATHER_OPS_PER_SM_US * target.sm_count)
-    ours = max(ours, issue)
+    elems = layout.n_rows * layout.n_cols
+    ours = max(ours, issue, integer_ops * elems / (OUR_INT_OPS_PER_SM_US * target.sm_count))
     grid_syncs = (1 if n_grid_reductions else 0) + row_levels * split_rounds
     ours += target.launch_us + grid_syncs * target.grid_sync_us
     n_full_out = sum(1 for v in outputs if layout.of(v).declared == FULL)
@@ -152,5 +163,6 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     if n_scans:
         xla_kernels += SCAN_XLA_KERNELS * n_scans
         xla_bytes += SCAN_XLA_PASSES * n_scans * f32_full
-    xla = xla_bytes / (bw * eff) + xla_kernels * target.launch_us
+    xla = max(xla_bytes / (bw * eff), integer_ops * elems / (XLA_INT_OPS_PER_SM_US * target.sm_count))
+    xla += xla_kernels * target.launch_us
     return Estimate(must_move, ours, xla_kernels, xla_bytes, xla)

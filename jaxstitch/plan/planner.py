@@ -120,6 +120,13 @@ def _computing_ops(region: Region) -> int:
     return sum(1 for op in region.ops if op.prim not in _FREE_OPS)
 
 
+def _integer_ops(region: Region, layout: Layout) -> int:
+    """Ops computing a full-size integer value: an issue-bound term where there are many (the
+    random bits of a dropout, cost.OUR_INT_OPS_PER_SM_US)."""
+    return sum(1 for op in region.ops if op.prim not in _FREE_OPS
+               and any(o.dtype in ("int32", "uint32") and layout.of(o).storage == FULL for o in op.outputs))
+
+
 HALF_TYPES = ("bfloat16", "float16")
 
 
@@ -219,7 +226,7 @@ def _estimate(kernel: KernelPlan, original: Region, target: Target) -> cost.Esti
                          n_scans=len(scans), views_after_reduction=_views_after_reduction(original),
                          gather_compute_ops=_computing_ops(region) if full_gathers else 0,
                          xla_row_levels=kernel.xla_levels,
-                         passes=kernel.passes)
+                         passes=kernel.passes, integer_ops=_integer_ops(region, layout))
 
 
 def _fewer_passes(region: Region, online, layout: Layout, tuning: mapping_mod.Tuning):
@@ -291,12 +298,14 @@ def _decline_reason(region: Region, est: cost.Estimate, min_gain: float, idle: s
             f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA: below the {min_gain}x "
             "asked for by JAXSTITCH_TUNE's min_gain_pct")
     reason = None
-    if est.xla_kernels == 1 or est.speedup < min_gain:
+    # (XLA's one kernel moves the bytes ours would: only an issue-bound estimate can favour ours)
+    if est.speedup < min_gain:
         if idle is not None:
             reason = idle
         elif est.xla_kernels == 1:
             reason = (f"XLA already runs this as one kernel (est. {est.xla_us:.1f} us vs {est.us:.1f} us "
-                      "stitched): nothing to gain")
+                      "stitched): " + ("nothing to gain" if est.speedup < 1.05 else
+                                       f"a predicted {est.speedup:.2f}x is below the {min_gain}x asked for"))
         elif est.speedup < 1:
             reason = f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA: stitching would be slower"
         else:

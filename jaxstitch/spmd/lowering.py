@@ -61,9 +61,12 @@ def _partitionable(jaxpr, launch, context):
     def whole(*args):
         return tuple(primitive.stitch(list(args), jaxpr=jaxpr, launch=launch, context=context))
 
-    def placement(mesh, arg_shapes) -> Placement:
+    def placement(mesh, arg_shapes, result_shape=()) -> Placement:
         specs = [_axes_of(s.sharding.spec, len(s.shape)) for s in arg_shapes]
-        p = place(factors, graph.inputs, specs, graph.outputs, dict(mesh.shape))
+        results = result_shape if isinstance(result_shape, (list, tuple)) else [result_shape]
+        out_specs = [_axes_of(s.sharding.spec, len(s.shape)) if hasattr(getattr(s, "sharding", None), "spec")
+                     else ((),) * len(s.shape) for s in results]
+        p = place(factors, graph.inputs, specs, graph.outputs, dict(mesh.shape), out_specs)
         for why in p.dropped:
             log.info("a sharded region gathers %s", why)
         return p
@@ -72,7 +75,7 @@ def _partitionable(jaxpr, launch, context):
         return _shardings(mesh, placement(mesh, arg_shapes).outputs)
 
     def partition(mesh, arg_shapes, result_shape):
-        p = placement(mesh, arg_shapes)
+        p = placement(mesh, arg_shapes, result_shape)
         if not p.sharded:
             fun = whole
         else:

@@ -31,10 +31,15 @@ class Placement:
 
 
 def place(factors: Factors, inputs: Sequence[ir.Value], specs: Sequence[Spec], outputs: Sequence[ir.Atom],
-          mesh: Mapping[str, int]) -> Placement:
+          mesh: Mapping[str, int], out_specs: Sequence[Spec] = ()) -> Placement:
+    """The split of each factor: the inputs' shardings first, then the outputs' (`out_specs`, as the
+    partitioner propagated them from the readers: a dropout mask drawn from a replicated key has no
+    sharded input but is wanted per batch shard)."""
     axes: dict[int, tuple[str, ...]] = {}
     dropped = []
-    for i, (v, spec) in enumerate(zip(inputs, specs)):
+    given = [(f"input {i}", v, s) for i, (v, s) in enumerate(zip(inputs, specs))]
+    given += [(f"output {j}", v, s) for j, (v, s) in enumerate(zip(outputs, out_specs)) if isinstance(v, ir.Value)]
+    for what, v, spec in given:
         for d, (dim_factors, dim_axes) in enumerate(zip(factors.of(v), spec)):
             if not dim_axes:
                 continue
@@ -48,7 +53,7 @@ def place(factors: Factors, inputs: Sequence[ir.Value], specs: Sequence[Spec], o
             if why is None:
                 axes.update(split)
             else:
-                dropped.append(f"input {i} dimension {d} over {dim_axes}: {why}")
+                dropped.append(f"{what} dimension {d} over {dim_axes}: {why}")
     values = list(inputs) + [o for o in outputs if isinstance(o, ir.Value)]
     while True:  # a value's dimension that is no tile of the device grid gives its factor back
         bad = [f for v in values for dim in factors.of(v) for f in _untiled(dim, axes, factors, mesh)]
