@@ -1,4 +1,10 @@
-import os, sys
+"""bias+GELU+dropout at the suite's size, stitched (forced) against jax.jit: how many elements one
+mask drops and the other keeps (the drawn bits must be identical), and the largest difference of
+the others.
+
+    python3 scripts/dropout_probe.py
+"""
+import os
 os.environ["JAXSTITCH_TUNE"] = "min_gain_pct=0"
 import jax, jax.numpy as jnp, numpy as np
 import jaxstitch
