@@ -17,6 +17,7 @@ from jaxstitch.kernels import cache
 from strategies import force_stitching
 from test_families import NO_CHECK, block, specs, token_stats
 from test_gpu_correctness import compare
+from test_shifts import token_logprob_one_hot, token_logprob_select
 
 pytestmark = pytest.mark.gpu
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -170,3 +171,25 @@ def test_one_pass_statistics_match_with_offsets_and_special_values(rows, offset,
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
         compare(got, want, f"token_stats {what}, {rows} rows, offset {offset}")
+
+
+@pytest.mark.parametrize("fun", [token_logprob_select, token_logprob_one_hot])
+@pytest.mark.parametrize("rows,cols", [(5, 262144), (200, 262144), (1007, 32000)])
+@pytest.mark.parametrize("offset", [0.0, 100.0])
+def test_one_pass_picks_match_with_offsets_and_special_values(fun, rows, cols, offset, monkeypatch):
+    """A picked log-probability read in one pass (plan/shifts.py: the masked sum's shifts taken out,
+    k (C - p) subtracted): picks of -inf, +inf and NaN entries, a row of -inf, a label matching no
+    column (0), logits with a large common offset; against jax.jit with outputs poisoned."""
+    monkeypatch.setenv("JAXSTITCH_POISON", "1")
+    kx, kl = jax.random.split(jax.random.key(rows + cols))
+    x = jax.random.normal(kx, (rows, cols)) * 3 + offset
+    x = x.at[0, ::7].set(-jax.numpy.inf).at[1, :].set(-jax.numpy.inf).at[2, 5].set(jax.numpy.inf)
+    x = x.at[3, 9].set(jax.numpy.nan)
+    labels = jax.random.randint(kl, (rows,), 0, cols).at[:5].set(jax.numpy.array([0, 3, 5, 9, -1]))
+    (r,) = jaxstitch.explain(fun, x, labels).regions
+    assert r.stitched and "shifts out of 1" in r.mapping and "one pass" in r.mapping, r.mapping
+    got, want = jaxstitch.jit(fun)(x, labels), jax.jit(fun)(x, labels)
+    for i, (g, w) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_array_equal(np.isinf(g), np.isinf(w))
+        compare(g, w, f"{fun.__name__} output {i}, {rows}x{cols}, offset {offset}")

@@ -28,6 +28,25 @@ def smoothed_loss(x, labels):
     return -(0.9 * picked + 0.1 * lp.mean(-1))
 
 
+def token_logprob_select(x, labels):
+    """log p(label) as a masked row sum (jaxstitch.workloads.token_logprob), in float32 of x."""
+    lp = jax.nn.log_softmax(x.astype(jnp.float32), axis=-1)
+    return jnp.sum(jnp.where(jnp.arange(x.shape[-1]) == labels[:, None], lp, 0.0), -1)
+
+
+def token_logprob_one_hot(x, labels):
+    """The same as a one-hot product (a cross-entropy's forward), with the row's max beside."""
+    lp = jax.nn.log_softmax(x, axis=-1)
+    return -jnp.sum(jax.nn.one_hot(labels, x.shape[-1]) * lp, -1), jnp.max(x, -1)
+
+
+def label_smoothing(x, labels):
+    """Float weights (not a mask): their zeros times an infinite shift are NaN, so this keeps its pass."""
+    lp = jax.nn.log_softmax(x, axis=-1)
+    w = 0.9 * jax.nn.one_hot(labels, x.shape[-1]) + 0.1 / x.shape[-1]
+    return -jnp.sum(w * lp, -1)
+
+
 def centered_max(x, y):
     """A max shifted by another row's max: that shift may be -inf beside a finite x (not taken out)."""
     return jnp.max(x - jnp.max(y, -1, keepdims=True), -1), jnp.sum(x - jnp.max(y, -1, keepdims=True), -1)
@@ -82,6 +101,10 @@ def _new_op(op, ins):
         return -np.asarray(ins[0])
     if op.prim == "is_finite":
         return np.isfinite(ins[0])
+    if op.prim == "eq":
+        return np.equal(*ins)
+    if op.prim == "convert_element_type":
+        return np.asarray(ins[0]).astype(dt)
     if op.prim == "select_n":
         return np.where(ins[0], ins[2], ins[1]).astype(dt)
     if op.prim == "broadcast_in_dim":
@@ -140,6 +163,54 @@ def test_token_stats_rewritten_give_the_traced_results(offset, special):
         np.testing.assert_array_equal(mean[~finite], want_mean[~finite])
         # float32 sums: within the rounding the shift itself carries (eps * |offset| / |result|)
         np.testing.assert_allclose(mean[finite], want_mean[finite], rtol=2e-6 * (1 + abs(offset) / 10))
+
+
+@pytest.mark.parametrize("fun", [token_logprob_select, token_logprob_one_hot])
+@pytest.mark.parametrize("offset, special", [(0.0, False), (100.0, False), (0.0, True)])
+def test_masked_sums_rewritten_give_the_traced_results(fun, offset, special):
+    """A picked log-probability in the first pass: sum(m (x - p)) - k (C - p). Labels out of range
+    (no pick: 0 whatever the row's shift) and picks of -inf, +inf and NaN entries included."""
+    rows, cols = 8, 3000
+    specs = [jax.ShapeDtypeStruct((rows, cols), jnp.float32), jax.ShapeDtypeStruct((rows,), jnp.int32)]
+    traced, regions = _regions(fun, specs)
+    (region,) = regions
+    rewritten, n = _pulled(region)
+    assert n == 1
+    found = online.find_online_sums(rewritten.ops)
+    layout = place(rewritten, frozenset(o.sum_id for o in found))
+    assert cost.chunk_passes(layout, rewritten.ops, rewritten.outputs, found) == 1
+    rng = np.random.default_rng(17)
+    for _ in range(3):
+        x = _logits(rng, rows, cols, offset, special)
+        labels = rng.integers(0, cols, rows).astype(np.int32)
+        labels[:5] = [0, 3, 5, 9, 7]  # on the -inf, beside the all -inf row, the +inf, the NaN
+        labels[6] = -1  # no class
+        env = _values(traced, [x, labels])
+        for got, v in zip(_evaluate(rewritten, traced, env), region.outputs):
+            want = env[v.id]
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            finite = np.isfinite(want)
+            np.testing.assert_array_equal(got[~finite], want[~finite])
+            np.testing.assert_allclose(got[finite], want[finite], rtol=2e-6 * (1 + abs(offset) / 10), atol=1e-5)
+        assert env[region.outputs[0].id][6] == 0
+
+
+def test_float_weighted_sums_keep_their_pass():
+    traced, regions = _regions(label_smoothing, [jax.ShapeDtypeStruct((8, 3000), jnp.float32),
+                                                 jax.ShapeDtypeStruct((8,), jnp.int32)])
+    for region in regions:
+        assert _pulled(region)[1] == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_token_logprob_is_one_pass(dtype):
+    """The suite's token_logprob (a bfloat16 input converted to float32: the pilot is loaded and
+    converted) reads each row once, with no stash."""
+    from jaxstitch.workloads import token_logprob
+    specs = [jax.ShapeDtypeStruct((4096, 32000), jnp.dtype(dtype)), jax.ShapeDtypeStruct((4096,), jnp.int32)]
+    (r,) = jaxstitch.explain(token_logprob, *specs, target="h100").regions
+    assert r.stitched and "one pass" in r.mapping and "shifts out of 1 reductions" in r.mapping, r.mapping
+    assert "stash" not in r.mapping, r.mapping
 
 
 def test_smoothed_loss_uniform_part_comes_out_of_the_second_pass():

@@ -9,7 +9,9 @@ row comes out of the reduction:
     max_j(a_j - c) = max_j(a_j) - c        sum_j(a_j - c) = sum_j(a_j - p) - n (c - p)   (also a_j + c)
 
 with `p` any per-row value known before the pass: the row's first element, loaded once a row. So
-the statistics fold into the first pass beside the max and the sum of exponentials.
+the statistics fold into the first pass beside the max and the sum of exponentials. A masked sum
+(a picked log-probability: `where(one_hot, lp, 0)` or `one_hot * lp`, summed) is the same with the
+count of kept elements for n: `sum_j m_j (a_j - c) = sum_j m_j (a_j - p) - k (c - p)`.
 
 Exactness, per case:
 - max: rounding is monotone, so `max_j fl(a_j - c) = fl(max_j a_j - c)` bit for bit. The one
@@ -21,8 +23,11 @@ Exactness, per case:
   100: |a_j| ~ 100 where |a_j - c| ~ 10, and a row of -3e38 overflows); the terms `a_j - p` carry
   the row's spread, as the two-pass form's `a_j - c` do, and `c - p` is small where c brings the
   row near zero (a max does). An infinite first element gives p = 0 (the sum then as written:
-  inf or NaN where the two-pass one is). Only float32 sums of a region input are rewritten (p is
-  read from memory); half-precision sums keep the two-pass form.
+  inf or NaN where the two-pass one is). Only float32 sums of a region input, or of one converted
+  to float32, are rewritten (p is read from memory); half-precision sums keep the two-pass form. A
+  masked sum whose mask keeps nothing is 0, as the two-pass form's zeros sum to (c may be infinite
+  there); masks are bools only (a float weight of 0 times an infinite shift is NaN in the two-pass
+  form).
 
 The planner takes the rewritten region only where it saves a pass over the rows (planner.py); the
 region's inputs and outputs do not change, and XLA's fallback evaluates the region as traced.
@@ -41,6 +46,16 @@ from .views import FlatView
 
 NEW = -1  # the index of an op this rewrite makes (it computes no traced op)
 SHIFTS = ("sub", "add")
+
+
+@dataclasses.dataclass(frozen=True)
+class Weight:
+    """A masked sum's mask: its operand was `op`, a `select_n(pred, 0, a)` (a where pred holds, in
+    either case order) or a product `f32(pred) * a` (a one-hot's: XLA and codegen make it a select),
+    with `a` at `index`."""
+
+    op: ir.Op
+    index: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +101,12 @@ class _Rewriter:
 
     def visit(self, op: ir.Op):
         if opdefs.is_row_reduction(op) and op.prim in ("reduce_sum", "reduce_max"):
-            src, shifts = self._peel(op)
+            weight, src, shifts = None, *self._peel(op, op.inputs[0])
+            if not shifts and op.prim == "reduce_sum":
+                weight, src, shifts = self._weighted(op)
             # (a sum's pilot is read from memory: only a sum of a region input is rewritten)
-            if shifts and (op.prim == "reduce_max" or src in self.region.inputs):
-                self._rewrite(op, src, shifts)
+            if shifts and (op.prim == "reduce_max" or self._loaded(src) is not None):
+                self._rewrite(op, src, shifts, weight)
                 return
         if opdefs.is_row_reduction(op) and len(op.outputs) == 1:
             self.reductions.setdefault(self._key(op.prim, op.inputs[0], op), op.outputs[0])
@@ -99,9 +116,39 @@ class _Rewriter:
     def _key(prim: str, operand: ir.Atom, op: ir.Op) -> tuple:
         return prim, operand, tuple(sorted(op.param("axes")))
 
-    def _peel(self, op: ir.Op) -> tuple[ir.Value, list[Shift]]:
-        """The reduced value under its row-constant shifts (outermost first), as far as they may go."""
-        v, shifts = op.inputs[0], []
+    def _weighted(self, op: ir.Op) -> tuple[Weight | None, ir.Atom, list[Shift]]:
+        """For a sum of `select_n(pred, 0, a)` or `w * a` with `a` shifted: the weighting, and `a`
+        under its shifts (no shifts: nothing found)."""
+        d = self.producer.get(op.inputs[0].id) if isinstance(op.inputs[0], ir.Value) else None
+        found = []
+        if d is not None and d.prim == "select_n" and len(d.inputs) == 3:
+            found = [(Weight(d, i), d.inputs[i]) for i in (1, 2) if self._zero(d.inputs[3 - i])]
+        elif d is not None and d.prim == "mul" and all(self._full(a) for a in d.inputs):
+            found = [(Weight(d, i), d.inputs[i]) for i in (0, 1) if self._of_bool(d.inputs[1 - i])]
+        for weight, a in found:
+            src, shifts = self._peel(op, a)
+            if shifts:
+                return weight, src, shifts
+        return None, op.inputs[0], []
+
+    def _of_bool(self, a: ir.Value) -> bool:
+        """Whether `a` converts a bool value (a one-hot: 0 or 1)."""
+        op = self.producer.get(a.id)
+        return op is not None and op.prim == "convert_element_type" and op.inputs[0].dtype == "bool"
+
+    def _zero(self, a: ir.Atom) -> bool:
+        """Whether `a` is 0 (a literal, or one broadcast or converted)."""
+        while isinstance(a, ir.Value):
+            op = self.producer.get(a.id)
+            if op is None or not (opdefs.is_layout(op) or op.prim == "convert_element_type"):
+                return False
+            a = op.inputs[0]
+        return a.value == 0
+
+    def _peel(self, op: ir.Op, v: ir.Atom) -> tuple[ir.Value, list[Shift]]:
+        """The value `v` (what reduction `op` reduces) under its row-constant shifts (outermost
+        first), as far as they may go."""
+        shifts = []
         out = op.outputs[0]
         if not isinstance(v, ir.Value) or v.dtype not in ir.FLOAT_DTYPES:
             return v, []
@@ -178,20 +225,36 @@ class _Rewriter:
                 return v
             v = op.inputs[0]
 
-    def _rewrite(self, op: ir.Op, src: ir.Value, shifts: list[Shift]):
+    def _loaded(self, src: ir.Value) -> tuple[ir.Value, ir.Op | None] | None:
+        """Where a sum's pilot is read from: `src` itself, a region input, or the input that `src`
+        converts to float32 (a half-precision log-softmax computes in float32): (input, convert)."""
+        if src in self.region.inputs:
+            return src, None
+        d = self.producer.get(src.id)
+        if d is not None and d.prim == "convert_element_type" and d.inputs[0] in self.region.inputs \
+                and d.inputs[0].dtype in ir.FLOAT_DTYPES:
+            return d.inputs[0], d
+        return None
+
+    def _rewrite(self, op: ir.Op, src: ir.Value, shifts: list[Shift], weight: Weight | None = None):
         """reduce(src) then the shifts undone innermost first (the order the region applied them);
         the last op defines the reduction's own output, so its readers (and the region's outputs)
         stay as they are. A sum reduces src - p, p the row's first element (`_pilot`): its terms
         then carry what the two-pass form's do (the row's spread, not its offset), and
         sum(src - C) = sum(src - p) - n (C - p) with C - p computed from the shifts (C - p is small
-        where the shifts bring the row near zero, as a max does)."""
+        where the shifts bring the row near zero, as a max does). A masked sum (`weight`: a select
+        or a one-hot product) is sum(m (src - C)) = sum(m (src - p)) - k (C - p), k the elements
+        the mask keeps (a pick's 1), and 0 where it keeps none (C may be infinite there)."""
         out = op.outputs[0]
         pilot = self._pilot(src, out, set(op.param("axes"))) if op.prim == "reduce_sum" else None
         # (a max reuses the region's own max of src; a sum of src - p is no sum the region has)
-        key = self._key(op.prim if pilot is None else "sum_less_pilot", src, op)
+        weighing = None if weight is None else (weight.op.prim, weight.index, _others(weight))
+        key = self._key(op.prim if pilot is None else ("sum_less_pilot", weighing), src, op)
         acc = self.reductions.get(key)
         if acc is None:
             operand = src if pilot is None else self.emit("sub", (src, pilot[0]), src)
+            if weight is not None:
+                operand = self.emit(weight.op.prim, _others(weight, operand), operand, dict(weight.op.params))
             acc = self.emit(op.prim, (operand,), out, dict(op.params))
             self.reductions[key] = acc
         if pilot is None:  # max(src) - c - ...
@@ -206,7 +269,16 @@ class _Rewriter:
                         self.emit("sub", (self.emit("neg", (s.row,), out), pilot[1]), out)
                 else:
                     total = self.emit("add" if s.prim == "sub" else "sub", (total, s.row), out)
-            scaled = self.emit("mul", (total, ir.Const(float(n), out.dtype)), out)
+            if weight is None:
+                count = ir.Const(float(n), out.dtype)
+            else:  # how many the mask keeps: the sum of f32(pred), or of select_n(pred, 0, 1)
+                ones = weight.op.inputs[1 - weight.index] if weight.op.prim == "mul" else self.emit(
+                    "select_n", _others(weight, ir.Const(1.0, out.dtype)), weight.op.outputs[0])
+                count = self.emit("reduce_sum", (ones,), out, dict(op.params))
+            scaled = self.emit("mul", (total, count), out)
+            if weight is not None:  # (a row the mask drops whole sums zeros, whatever its shift)
+                none = self.emit("eq", (count, ir.Const(0.0, out.dtype)), out, dtype="bool")
+                scaled = self.emit("select_n", (none, scaled, ir.Const(0.0, out.dtype)), out)
             self.emit("sub", (acc, scaled), out, out=out)
         self.changed += 1
 
@@ -219,7 +291,10 @@ class _Rewriter:
             # so a shape family's kernel source does not change with it)
             cols = math.prod(src.shape[a] for a in axes)
             view = FlatView((out.size,), 0, (cols,), src.size, True)
-            loaded = self.emit(GATHER, (src,), out, {"view": view}, shape=(out.size,))
+            base, convert = self._loaded(src)
+            loaded = self.emit(GATHER, (base,), out, {"view": view}, shape=(out.size,), dtype=base.dtype)
+            if convert is not None:
+                loaded = self.emit("convert_element_type", (loaded,), out, dict(convert.params), shape=(out.size,))
             if out.shape != (out.size,):
                 loaded = self.emit("reshape", (loaded,), out, {"new_sizes": out.shape, "dimensions": None})
             # (an infinite first element would make inf - inf of its row's terms: 0 instead, the
@@ -230,3 +305,10 @@ class _Rewriter:
             first = self.emit("reshape", (row,), out, {"new_sizes": keep, "dimensions": None}, shape=keep)
             self.pilots[src.id] = (first, row)
         return self.pilots[src.id]
+
+
+def _others(weight: Weight, a: ir.Atom | None = None) -> tuple:
+    """The weighting op's inputs, with `a` in the weighted value's place (None: left out)."""
+    ins = list(weight.op.inputs)
+    ins[weight.index] = a
+    return tuple(ins) if a is not None else tuple(x for i, x in enumerate(ins) if i != weight.index)
