@@ -72,6 +72,20 @@ def test_placement_drops_what_it_cannot_split():
     assert p.inputs == ((("data",), ()),) and "whole" in p.dropped[0]
 
 
+def test_placement_takes_the_outputs_sharding_where_no_input_has_one():
+    """A dropout mask drawn from a replicated key: no input is split, but its readers want it per
+    batch shard (the partitioner's result sharding); the counters' iotas then count from the
+    shard's offset (spmd/localize.py)."""
+    traced, f = analyze(lambda k: jax.random.bernoulli(jax.random.wrap_key_data(k), 0.9, (8, 256)),
+                        ((2,), jnp.uint32))
+    region_inputs = [v for v in traced.graph.inputs]
+    p = placement_mod.place(f, region_inputs, [((),)], traced.graph.outputs, {"data": 4})
+    assert not p.sharded
+    p = placement_mod.place(f, region_inputs, [((),)], traced.graph.outputs, {"data": 4},
+                            out_specs=[(("data",), ())])
+    assert p.sharded and p.outputs == ((("data",), ()),) and not p.dropped
+
+
 def test_minor_factor_of_a_merged_dimension_stays_whole():
     traced, f = analyze(lambda x: x.reshape(32, 64) * 2, ((4, 8, 64), jnp.float32))
     p = placement_mod.place(f, traced.graph.inputs, [((), ("data",), ())], traced.graph.outputs, {"data": 4})

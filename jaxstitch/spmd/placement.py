@@ -47,7 +47,7 @@ def place(factors: Factors, inputs: Sequence[ir.Value], specs: Sequence[Spec], o
             if why is None:
                 taken = {a for f, fa in axes.items() if f not in split for a in fa}
                 if any(axes.get(f, fa) != fa for f, fa in split.items()):
-                    why = "its factor is split otherwise by another input"
+                    why = "its factor is split otherwise by another operand"
                 elif taken & {a for fa in split.values() for a in fa}:
                     why = "its mesh axes already split another factor"
             if why is None:
