@@ -3,9 +3,9 @@
 `jax.random.bernoulli` / `uniform` / `dropout` draw their bits with one `random_bits` equation over
 the whole output shape. Under `jax_threefry_partitionable` (JAX's default) element `i` (row-major) of
 those bits is `a ^ b` with `(a, b) = threefry2x32(key, (hi(i), lo(i)))`: a counter-based hash of
-the element's own index, elementwise work of ~100 integer ops. Left opaque it splits every dropout
-region in two (XLA writes the bits or the mask to memory and reads them back); written out, the
-hash joins the region and the mask is never stored.
+the element's own index, elementwise work of ~120 integer ops. Left opaque it is a region boundary
+(a stitched kernel after it would read the bits, or the mask, that an XLA kernel wrote); written
+out, the hash joins the region that uses it and the mask is never stored.
 
 The ops here are those of JAX's own threefry lowering (Salmon et al., "Parallel random numbers: as
 easy as 1, 2, 3", SC'11: rotations 13 15 26 6 / 17 29 16 24, key parity 0x1BD11BDA, 20 rounds), so

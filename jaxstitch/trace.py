@@ -1,8 +1,9 @@
 """Trace a function to a flat equation list and a frozen `ir.Graph`.
 
 This is the one module that walks jaxprs. It inlines `pjit`/`closed_call`/`custom_jvp_call`/
-`custom_vjp_call`/`checkpoint` bodies (jax.nn wraps its functions in them) so regions can span them;
-everything else is kept as an opaque equation that `rebuild` binds again unchanged.
+`custom_vjp_call`/`checkpoint` bodies (jax.nn wraps its functions in them) so regions can span them,
+and writes a threefry `random_bits` out as its integer ops (prng.py: dropout's bits); everything
+else is kept as an opaque equation that `rebuild` binds again unchanged.
 """
 from __future__ import annotations
 
