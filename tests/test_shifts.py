@@ -125,9 +125,20 @@ def _evaluate(region, traced, env):
     return [local[v.id] for v in region.outputs]
 
 
-def _pulled(region):
+def _placed(region):
+    """The region's online sums and its layout, as the planner places it."""
     found = online.find_online_sums(region.ops)
-    return shifts.pull_out(region, place(region, frozenset(o.sum_id for o in found)))
+    return found, place(region, frozenset(o.sum_id for o in found))
+
+
+def _pulled(region):
+    return shifts.pull_out(region, _placed(region)[1])
+
+
+def _passes(region):
+    """The region's passes over its rows, as the planner counts them."""
+    found, layout = _placed(region)
+    return cost.chunk_passes(layout, region.ops, region.outputs, found)
 
 
 def _logits(rng, rows, cols, offset=0.0, special=False):
@@ -148,9 +159,7 @@ def test_token_stats_rewritten_give_the_traced_results(offset, special):
     (region,) = regions
     rewritten, n = _pulled(region)
     assert n == 2  # the mean's sum and the max
-    found = online.find_online_sums(rewritten.ops)
-    layout = place(rewritten, frozenset(o.sum_id for o in found))
-    assert cost.chunk_passes(layout, rewritten.ops, rewritten.outputs, found) == 1
+    assert _passes(rewritten) == 1
     rng = np.random.default_rng(7)
     for _ in range(3):
         x = _logits(rng, rows, cols, offset, special)
@@ -176,9 +185,7 @@ def test_masked_sums_rewritten_give_the_traced_results(fun, offset, special):
     (region,) = regions
     rewritten, n = _pulled(region)
     assert n == 1
-    found = online.find_online_sums(rewritten.ops)
-    layout = place(rewritten, frozenset(o.sum_id for o in found))
-    assert cost.chunk_passes(layout, rewritten.ops, rewritten.outputs, found) == 1
+    assert _passes(rewritten) == 1
     rng = np.random.default_rng(17)
     for _ in range(3):
         x = _logits(rng, rows, cols, offset, special)
