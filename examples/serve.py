@@ -246,6 +246,7 @@ def main():
     p.add_argument("--seconds", type=float, default=120.0, help="stop each load after this long")
     p.add_argument("--bucket", action="store_true", help="pad batch to a power of two, sequence to a multiple of 64")
     p.add_argument("--target", help="plan for this GPU (on a machine without one, jaxstitch runs as XLA)")
+    p.add_argument("--cold-only", action="store_true", help="measure the cold start only, serve nothing")
     args = p.parse_args()
     c = QUICK if args.quick else Config()
     state, infer = make_infer(c)
@@ -277,8 +278,8 @@ def main():
           f"XLA's compile of the model for one shape ({t_xla:.2f} s; tracing and lowering before it "
           f"{t_lower:.2f} s). The whole jax.export with symbolic batch and sequence: {t_export:.2f} s")
     print(f"stitched kernel calls in the exported program: {exported.mlir_module().count('@jaxstitch_launch(')}")
-    if not gpu:
-        print("no GPU: not serving the exported program (it is for platform cuda)")
+    if not gpu or args.cold_only:
+        print("no GPU: not serving the exported program (it is for platform cuda)" if not gpu else "--cold-only: done")
         return
 
     rows = []

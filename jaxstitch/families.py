@@ -3,16 +3,19 @@ dimensions, inference serving).
 
 A kernel's source does not name its row count (the launcher passes it, kernels/ffi.py), so where a
 region's kernel comes out the same for two different sizes of the varying dimensions, that one cubin
-serves them all. Planning needs sizes: the program is planned at two sample sizes of the symbolic
-dimensions, and the symbolic program stitches the regions whose kernels both plans agree on, with
-the row count read off one of the region's buffers at run time. Regions whose kernel depends on the
-sizes (a row length that varies, a view's offsets, few long rows split over blocks) stay with XLA,
-and say so.
+serves them all. Planning needs sizes: the program, traced once with its symbolic dimensions, is
+evaluated at two sample sizes of them (trace.at_sizes: the same ops and values, so a region planned
+at a sample is the symbolic program's region), both are planned over the same regions, and the
+symbolic program stitches the regions whose kernels both plans agree on, with the row count read
+off one of the region's buffers at run time. Regions whose kernel depends on the sizes (a row
+length that varies, a view's offsets, few long rows split over blocks) stay with XLA, and say so.
+A size the program reads as a value (a mean's 1/n) stays the op that makes it, outside the region,
+which reads it at run time.
 """
 from __future__ import annotations
 
 import dataclasses
-import difflib
+import functools
 import logging
 import operator
 import threading
@@ -21,7 +24,7 @@ import time
 import jax
 import numpy as np
 
-from . import pipeline, trace as trace_mod
+from . import ir, pipeline, trace as trace_mod
 from .config import Config
 from .pipeline import Compiled, Program
 from .plan import KernelPlan, plan_region
@@ -95,23 +98,19 @@ def build_any(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict
 def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
     """The program for symbolic `flat_args`: the symbolic trace, with the regions that form a family
     stitched and every other region left to XLA with the reason."""
-    # Both samples are partitioned (their kernels compiling meanwhile) before either is completed.
-    staged = [pipeline.stage(trace_mod.trace(fun, _sample(flat_args, s), in_tree, static), target, cfg)
-              for s in SAMPLES]
     traced = trace_mod.trace(fun, flat_args, in_tree, static)
-    plans = [pipeline.complete(st, target, cfg) for st in staged]
-    if not _aligned(*(p.traced for p in plans)):
-        why = (f"the program's traces at sizes {SAMPLES} differ (it branches on its shapes): every "
-               "region stays with XLA")
-        log.info(why)
-        regions = tuple(dataclasses.replace(c, cubin=None, error=why) for c in plans[0].regions)
-        return Program(traced, plans[0].partition, regions, target)
-    ops, values = _correspondence(plans[0].traced, traced)
+    # Both samples are staged (their kernels compiling meanwhile) before either is completed. The
+    # second takes the first's regions: a family's regions must be the same ops at both anyway.
+    first, second = (trace_mod.at_sizes(traced, functools.partial(_size, value=s)) for s in SAMPLES)
+    staged = [pipeline.stage(first, target, cfg)]
+    staged.append(pipeline.stage(second, target, cfg, regions_of=staged[0].partition))
+    plans = [pipeline.complete(st, target, cfg, bodies=False) for st in staged]
+    symbolic = ir.values_by_id(traced.graph)
     other = {frozenset(op.index for op in c.plan.region.ops): c for c in plans[1].regions}
     regions = []
     for a in plans[0].regions:
         b = other.get(frozenset(op.index for op in a.plan.region.ops))
-        member = _member(a, b, traced, ops, values)
+        member = _member(a, b, traced.graph.ops, symbolic)
         if member.stitched:
             variants = _few_rows_variants(a, b, target, cfg)
             # (JAXSTITCH_TUNE's min_gain_pct: the cost model's verdict overridden, the kernel kept)
@@ -122,33 +121,10 @@ def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | N
     return Program(traced, plans[0].partition, tuple(regions), target)
 
 
-def _aligned(*traces: trace_mod.Traced) -> bool:
-    """Whether the traces hold the same equations over the same value ids."""
-    def skeleton(t):
-        return [(e.primitive.name, tuple(o.id for o in e.outputs)) for e in t.eqns]
-    first = skeleton(traces[0])
-    return all(skeleton(t) == first for t in traces[1:])
-
-
-def _correspondence(concrete: trace_mod.Traced, symbolic: trace_mod.Traced) -> tuple[dict, dict]:
-    """Equation indices (concrete -> symbolic) over runs of the same primitives, and value ids
-    (concrete -> symbolic value). With symbolic dimensions a trace holds a few more equations (shape
-    arithmetic, e.g. `jnp.arange(s)`), so the two are matched as sequences; _member checks that a
-    region's matched equations read the matched values."""
-    names = [[e.primitive.name for e in t.eqns] for t in (concrete, symbolic)]
-    ops = {}
-    for tag, i1, i2, j1, _ in difflib.SequenceMatcher(None, *names, autojunk=False).get_opcodes():
-        if tag == "equal":
-            ops.update((i, j1 + i - i1) for i in range(i1, i2))
-    values = {v.id: w for v, w in zip(concrete.graph.inputs, symbolic.graph.inputs)}
-    for i, j in ops.items():
-        values.update((v.id, w) for v, w in zip(concrete.eqns[i].outputs, symbolic.eqns[j].outputs))
-    return ops, values
-
-
-def _member(a: Compiled, b: Compiled | None, symbolic: trace_mod.Traced, ops: dict, values: dict) -> Compiled:
-    """Region `a` (planned at the first sample) as a family member in the `symbolic` trace, when
-    `b` (the same ops at the second sample) compiled to the same kernel; else left to XLA."""
+def _member(a: Compiled, b: Compiled | None, ops: tuple, values: dict) -> Compiled:
+    """Region `a` (planned at the first sample) as a family member of the symbolic program (its
+    `ops` and `values`), when `b` (the same ops at the second sample) compiled to the same kernel;
+    else left to XLA."""
     if not a.stitched:
         return a
     why = _differs(a, b)
@@ -157,30 +133,13 @@ def _member(a: Compiled, b: Compiled | None, symbolic: trace_mod.Traced, ops: di
         source = _rows_source(a, b)
         if source is None:
             why = "no buffer of the region grows with its rows alone"
-    r = a.plan.region
-    if why is None and not _matched(r, symbolic, ops, values):
-        why = "its equations could not be matched to the program traced with symbolic dimensions"
     if why is not None:
         return dataclasses.replace(a, cubin=None, error=f"not one kernel for every size: {why}")
-    graph_ops = symbolic.graph.ops
+    r = a.plan.region
     region = dataclasses.replace(
-        r, ops=tuple(graph_ops[ops[op.index]] for op in r.ops),
-        inputs=tuple(values[v.id] for v in r.inputs), outputs=tuple(values[v.id] for v in r.outputs),
-        recomputed=frozenset(ops[i] for i in r.recomputed))
+        r, ops=tuple(ops[op.index] for op in r.ops), inputs=tuple(values[v.id] for v in r.inputs),
+        outputs=tuple(values[v.id] for v in r.outputs))
     return dataclasses.replace(a, plan=dataclasses.replace(a.plan, region=region), rows_source=source)
-
-
-def _matched(region, symbolic: trace_mod.Traced, ops: dict, values: dict) -> bool:
-    """Every op of the region has its symbolic counterpart, reading the counterparts of its inputs."""
-    if not all(op.index in ops for op in region.ops) or not all(
-            v.id in values for v in region.inputs + region.outputs):
-        return False
-    for op in region.ops:
-        twin = symbolic.graph.ops[ops[op.index]]
-        for x, y in zip(op.inputs, twin.inputs):
-            if hasattr(x, "id") != hasattr(y, "id") or (hasattr(x, "id") and values.get(x.id) is not y):
-                return False
-    return True
 
 
 def _differs(a: Compiled, b: Compiled | None) -> str | None:

@@ -75,6 +75,14 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "int32", "uint32", "bool")
 
 
+def values_by_id(graph: Graph) -> dict[int, Value]:
+    """Every value of the graph (its inputs, what its ops read and write, captured constants) by id."""
+    found = {v.id: v for v in graph.inputs}
+    for op in graph.ops:
+        found.update((v.id, v) for v in op.inputs + op.outputs if isinstance(v, Value))
+    return found
+
+
 def live(nodes, outputs, keep=lambda node: False) -> tuple:
     """The nodes (ops or equations: anything with `inputs` and `outputs`, in program order) that
     `outputs` depend on, and those `keep` says to keep regardless."""

@@ -183,6 +183,18 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
     return Partition(_collect(graph, consumers, region_ops, cut), tuple(unsupported))
 
 
+def resized(part: Partition, graph: ir.Graph) -> Partition:
+    """`part` over `graph`: the same program at other sizes (the same op indices and value ids,
+    trace.at_sizes), each region's ops and values looked up there."""
+    values = ir.values_by_id(graph)
+
+    def region(r: Region) -> Region:
+        return dataclasses.replace(r, ops=tuple(graph.ops[op.index] for op in r.ops),
+                                   inputs=tuple(values[v.id] for v in r.inputs),
+                                   outputs=tuple(values[v.id] for v in r.outputs))
+    return dataclasses.replace(part, regions=tuple(region(r) for r in part.regions))
+
+
 def _grid_apart(fits):
     def fits_apart(region: Region) -> bool:
         grid = [opdefs.is_grid_reduction(op) for op in region.ops if op.prim in opdefs.REDUCTIONS]

@@ -187,22 +187,28 @@ class Staged:
     partition: partition_mod.Partition
 
 
-def stage(traced: trace_mod.Traced, target: Target, cfg: Config) -> Staged:
-    """Partition, and start NVRTC on every region's first plan in the background (NVRTC releases the
-    GIL): a program's kernels then compile side by side, and beside whatever is planned before
-    `complete` (families.py plans a second sample meanwhile)."""
-    cuts = partition_mod.Cuts(at_reduced=not cfg.tuning.stitch, at_grid=not cfg.tuning.grid)
-    part = partition_mod.partition(traced.graph, fits=_fits_one_kernel, cuts=cuts)
-    if cfg.tuning.recompute:
-        part = recompute_cheap_inputs(traced.graph, part, _fits_one_kernel)
+def stage(traced: trace_mod.Traced, target: Target, cfg: Config,
+          regions_of: partition_mod.Partition | None = None) -> Staged:
+    """Partition (or take `regions_of`'s regions: the same program at other sizes), and start NVRTC
+    on every region's first plan in the background (NVRTC releases the GIL): a program's kernels
+    then compile side by side, and beside whatever is planned before `complete` (families.py plans
+    a second sample meanwhile)."""
+    if regions_of is not None:
+        part = partition_mod.resized(regions_of, traced.graph)
+    else:
+        cuts = partition_mod.Cuts(at_reduced=not cfg.tuning.stitch, at_grid=not cfg.tuning.grid)
+        part = partition_mod.partition(traced.graph, fits=_fits_one_kernel, cuts=cuts)
+        if cfg.tuning.recompute:
+            part = recompute_cheap_inputs(traced.graph, part, _fits_one_kernel)
     for r in part.regions:
         prefetch(r, target, cfg)
     return Staged(traced, part)
 
 
-def complete(staged: Staged, target: Target, cfg: Config) -> Program:
-    """The program: every region compiled (or left to XLA, with the reason); dumped if asked."""
-    program = _complete(staged, target, cfg)
+def complete(staged: Staged, target: Target, cfg: Config, bodies: bool = True) -> Program:
+    """The program: every region compiled (or left to XLA, with the reason), and with `bodies` its
+    control-flow bodies planned as programs of their own; dumped if asked."""
+    program = _complete(staged, target, cfg, bodies)
     if cfg.dump_dir:
         _dump(program, cfg.dump_dir)
     return program
@@ -231,14 +237,14 @@ def _build(traced: trace_mod.Traced, target: Target, cfg: Config) -> Program:
     return _complete(stage(traced, target, cfg), target, cfg)
 
 
-def _complete(staged: Staged, target: Target, cfg: Config) -> Program:
+def _complete(staged: Staged, target: Target, cfg: Config, bodies: bool = True) -> Program:
     traced, part = staged.traced, staged.partition
     regions = tuple(compile_region(r, target, cfg) for r in part.regions)
     if cfg.tuning.remote:
         regions = stitch_remote(traced.graph, regions, target, cfg)
-    bodies = tuple((i, key, _build(_trace_body(closed), target, cfg))
-                   for i, e in enumerate(traced.eqns) for key, closed in trace_mod.bodies(e))
-    return Program(traced, part, regions, target, bodies)
+    planned = tuple((i, key, _build(_trace_body(closed), target, cfg))
+                    for i, e in enumerate(traced.eqns if bodies else ()) for key, closed in trace_mod.bodies(e))
+    return Program(traced, part, regions, target, planned)
 
 
 def _trace_body(closed) -> trace_mod.Traced:

@@ -161,6 +161,45 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
     return Traced(graph, eqns, consts, out_tree_box[0])
 
 
+def at_sizes(traced: Traced, size: Callable[[Any], int]) -> Traced:
+    """A program traced with symbolic dimensions (jax.export) as one of its sizes: every shape and
+    shape param evaluated by `size`, over the same op indices and value ids, so that a region planned
+    here is the symbolic program's region op for op (families.py plans at sample sizes). Cheaper
+    than tracing the function again at those sizes, and exactly the program that runs: a size read
+    as a value stays the op that reads it (`dim_as_value`), not a literal. The equations keep their
+    symbolic params: this is planned, never run."""
+    values: dict[int, ir.Value] = {}
+    sizes: dict = {}
+
+    def dim(d) -> int:
+        if isinstance(d, (int, np.integer)):
+            return int(d)
+        if d not in sizes:
+            sizes[d] = size(d)
+        return sizes[d]
+
+    def value(v: ir.Value) -> ir.Value:
+        if v.id not in values:
+            values[v.id] = ir.Value(v.id, tuple(dim(d) for d in v.shape), v.dtype)
+        return values[v.id]
+
+    def atom(a: ir.Atom) -> ir.Atom:
+        return value(a) if isinstance(a, ir.Value) else a
+
+    def sized(p):
+        if type(p) in (tuple, list):
+            return type(p)(sized(x) for x in p)
+        return dim(p) if jax.export.is_symbolic_dim(p) else p
+
+    ops = tuple(
+        ir.Op(op.index, op.prim, tuple(atom(a) for a in op.inputs), tuple(value(v) for v in op.outputs),
+              _hashable_params({k: sized(v) for k, v in e.params.items()}) + _reduce_params(e))
+        for op, e in zip(traced.graph.ops, traced.eqns))
+    g = traced.graph
+    graph = ir.Graph(tuple(value(v) for v in g.inputs), tuple(atom(a) for a in g.outputs), ops)
+    return Traced(graph, traced.eqns, traced.consts, traced.out_tree)
+
+
 def from_closed(closed) -> Traced:
     """A closed jaxpr (a region's, say) as a Traced of positional arguments."""
     graph, eqns, consts = _flatten(closed)

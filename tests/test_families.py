@@ -169,6 +169,48 @@ def test_xla_runs_a_long_row_family_below_its_row_bound(fresh_cache, monkeypatch
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_a_symbolic_trace_at_a_size_is_that_sizes_trace():
+    """trace.at_sizes: the program traced with symbolic dimensions, evaluated at a size, has the ops,
+    shapes and params of the program traced at that size (families.py plans it instead of tracing
+    the function again)."""
+    import functools
+    from jaxstitch import trace
+    from jaxstitch.families import _size
+    b, s = jax.export.symbolic_shape("b, s")
+
+    def signature(traced):
+        return [(op.prim, [getattr(a, "shape", a) for a in op.inputs], [v.shape for v in op.outputs], op.params)
+                for op in traced.graph.ops]
+    symbolic = trace.trace(block, specs(b, s), trace.positional_tree(specs(b, s)))
+    for size in (1, 64, 96):
+        concrete = trace.trace(block, specs(size, size), trace.positional_tree(specs(size, size)))
+        at = trace.at_sizes(symbolic, functools.partial(_size, value=size))
+        assert signature(at) == signature(concrete)
+        assert [v.shape for v in at.graph.inputs] == [tuple(a.shape) for a in specs(size, size)]
+
+
+def scaled_by_batch(x, g):
+    """A size read as a value: the batch divides every element (a mean's 1/n)."""
+    return jax.nn.gelu(x * g) / x.shape[0]
+
+
+def test_a_size_read_as_a_value_is_read_at_run_time(fresh_cache):
+    """`x / x.shape[0]` with a symbolic batch: the region reads the batch as a scalar input made by
+    `dim_as_value`, so its kernel is the same at every size and serves the family (traced at the
+    sample sizes it held 1/64 and 1/96 as literals, two different kernels)."""
+    b, = jax.export.symbolic_shape("b")
+    args = [jax.ShapeDtypeStruct((b, H), jnp.float32), jax.ShapeDtypeStruct((H,), jnp.float32)]
+    with force_stitching():
+        rep = jaxstitch.explain(scaled_by_batch, *args, target="h100")
+        exp = _export(scaled_by_batch, args, ["cpu", "cuda"])
+    gelu = next(r for r in rep.regions if "tanh" in r.ops or "erf" in r.ops)
+    assert gelu.stitched and gelu.reason is None, rep
+    assert "dim_as_value" in [name for name, _ in rep.xla_ops], rep
+    for batch in (1, 3, 40):  # (on CPU the region runs as its jaxpr, through XLA)
+        x, g = jax.random.normal(jax.random.key(batch), (batch, H)), jnp.linspace(0.5, 1.5, H)
+        np.testing.assert_allclose(exp.call(x, g), jax.jit(scaled_by_batch)(x, g), rtol=1e-6, atol=1e-7)
+
+
 def test_symbolic_sizes_evaluate_like_jax():
     from jaxstitch.families import _size
     b, s = jax.export.symbolic_shape("b, s")

@@ -15,7 +15,7 @@ import jaxstitch
 from jaxstitch import workloads
 from jaxstitch.kernels import cache
 from strategies import force_stitching
-from test_families import NO_CHECK, block, specs, token_stats
+from test_families import H, NO_CHECK, block, scaled_by_batch, specs, token_stats
 from test_gpu_correctness import compare
 from test_shifts import token_logprob_one_hot, token_logprob_select
 
@@ -116,6 +116,21 @@ def test_exported_symbolic_program_runs_in_a_fresh_process(tmp_path, monkeypatch
     assert result["nvrtc"] == 0
     for shape, errs in result["errors"].items():
         assert max(errs) < 1e-5, (shape, errs)
+
+
+def test_a_size_read_as_a_value_runs_at_every_size(monkeypatch):
+    """`gelu(x * g) / x.shape[0]` exported with a symbolic batch: the kernel reads the batch from the
+    scalar XLA makes of it, so every batch divides by its own size (outputs poisoned)."""
+    monkeypatch.setenv("JAXSTITCH_POISON", "1")
+    b, = jax.export.symbolic_shape("b")
+    args = [jax.ShapeDtypeStruct((b, H), np.float32), jax.ShapeDtypeStruct((H,), np.float32)]
+    with force_stitching():
+        exp = jax.export.export(jaxstitch.jit(scaled_by_batch), platforms=["cuda"], disabled_checks=NO_CHECK)(*args)
+    assert "jaxstitch_launch" in exp.mlir_module()
+    for batch in (1, 7, 64, 1000):
+        x = jax.random.normal(jax.random.key(batch), (batch, H))
+        g = jax.random.uniform(jax.random.key(batch + 1), (H,), minval=0.5, maxval=1.5)
+        compare(exp.call(x, g), jax.jit(scaled_by_batch)(x, g), f"batch={batch}")
 
 
 _WARM = textwrap.dedent("""
