@@ -273,7 +273,7 @@ def main():
     t0 = time.perf_counter()
     lowered.compile()
     t_xla = time.perf_counter() - t0
-    print(f"jaxstitch's own work for the model (traces at two sample sizes, partition, plan, codegen, "
+    print(f"jaxstitch's own work for the model (its trace with symbolic sizes, plans at two sample sizes, codegen, "
           f"{nvrtc} NVRTC compiles in {t_nvrtc:.2f} s): {t_ours:.2f} s = {100 * t_ours / t_xla:.0f}% of "
           f"XLA's compile of the model for one shape ({t_xla:.2f} s; tracing and lowering before it "
           f"{t_lower:.2f} s). The whole jax.export with symbolic batch and sequence: {t_export:.2f} s")
