@@ -143,7 +143,10 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
             home = nodes.find(node_of_value[epi_in[0]])
             pure = (op.prim in opdefs.ELEMENTWISE or opdefs.is_layout(op)) and len(epi_in) == len(vals) \
                 and all(nodes.find(node_of_value[v]) == home for v in vals)
-            candidates, is_epi = ([home], True) if pure else ([], False)
+            # Not pure: the op may not join the epilogue's region, but it may join another producer's
+            # (an optimizer's update reads a stitched bias gradient and `b1 * mu` beside it).
+            epi_homes = {nodes.find(node_of_value[v]) for v in epi_in}
+            candidates, is_epi = ([home], True) if pure else ([r for r in candidates if r not in epi_homes], False)
         joined = None
         for r in candidates:
             others = [p for p in producers if p != r]
