@@ -25,7 +25,7 @@ import math
 
 from .. import ir, ops as opdefs
 from ..partition import Region
-from .layout import GATHER, Unplannable
+from .layout import GATHER, Unplannable, row_space
 
 # GATHER, the op sink makes: outputs[0] = inputs[0] (an input) read through the params' `view`.
 # A read whose contiguous output axis strides this far through its source (a transpose of the minor
@@ -199,8 +199,9 @@ def _translate(shape, source, const, dyn=(), exact=True) -> Affine:
 
 
 class _Sinker:
-    def __init__(self, region: Region):
+    def __init__(self, region: Region, spread: frozenset[int] = frozenset()):
         self.region = region
+        self.spread = spread  # inputs read through stride-0 views where broadcast (_spread_inputs)
         self.producer = {o.id: op for op in region.ops for o in op.outputs}
         ids = [v.id for op in region.ops for v in (*op.inputs, *op.outputs) if isinstance(v, ir.Value)]
         self.fresh = itertools.count(1 + max(ids + [v.id for v in region.inputs], default=0))
@@ -223,13 +224,29 @@ class _Sinker:
                 for o in op.outputs:
                     self.rep[o.id] = self.build(o, Affine.identity(o.shape))
                 continue
-            inputs = tuple(self.current(a) for a in op.inputs)
+            if op.prim == "broadcast_in_dim" and self._spread(op.inputs[0]):
+                self.rep[op.outputs[0].id] = self.build(op.inputs[0], _layout_step(op))
+                continue
+            inputs = tuple(self._read(a, op) for a in op.inputs)
             self.ops.append(op if inputs == op.inputs else dataclasses.replace(op, inputs=inputs))
         for v in self.region.outputs:
             now = self.rep.get(v.id, v)
             if now != v:
                 self.ops.append(ir.Op(NEW, "copy", (now,), (v,), ()))
         return dataclasses.replace(self.region, ops=ir.live(self.ops, self.region.outputs))
+
+    def _spread(self, a: ir.Atom) -> bool:
+        return isinstance(a, ir.Value) and a.id in self.spread
+
+    def _read(self, a: ir.Atom, op: ir.Op) -> ir.Atom:
+        """Operand `a` of `op` as the op reads it: a spread input that an elementwise op broadcasts
+        along its size-1 axes becomes a stride-0 view of the op's shape."""
+        out = op.outputs[0]
+        if not (self._spread(a) and op.prim in opdefs.ELEMENTWISE and a.shape != out.shape
+                and len(a.shape) == len(out.shape)):
+            return self.current(a)
+        n = len(a.shape)
+        return self.build(a, _step(out.shape, a.shape, [0] * n, [(e, e, 1) for e in range(n) if a.shape[e] == out.shape[e]]))
 
     # ---- reading a value through a map ---------------------------------------------------------
     def build(self, v: ir.Value, a: Affine) -> ir.Atom:
@@ -406,7 +423,26 @@ class _Sinker:
 
 def sink(region: Region) -> Region:
     """The region with every data-moving op pushed down to gathers of its inputs (unchanged when
-    it has none); raises Unplannable when one cannot be."""
-    if not any(op.prim in opdefs.VIEWS for op in region.ops):
+    it has none), and inputs broadcast over only some row axes read through views; raises
+    Unplannable when one cannot be."""
+    spread = _spread_inputs(region)
+    if not spread and not any(op.prim in opdefs.VIEWS for op in region.ops):
         return region
-    return _Sinker(region).run()
+    return _Sinker(region, spread).run()
+
+
+def _spread_inputs(region: Region) -> frozenset[int]:
+    """Inputs that are neither a scalar, a row, a column nor the whole of the row space, and that
+    ops broadcast (a (1, 1, q, k) dropout mask of (b, h, q, k) attention weights: it repeats every q
+    rows). Registers cannot hold such a value per row or per column; a stride-0 view reads it at
+    each element instead, from L1 and L2 (it is small)."""
+    try:
+        n, c = row_space(region)
+    except Unplannable:
+        return frozenset()
+    odd = {v.id for v in region.inputs if v.size not in (1, n, c, n * c)}
+    if not odd:
+        return frozenset()
+    return frozenset(a.id for op in region.ops for a in op.inputs
+                     if isinstance(a, ir.Value) and a.id in odd
+                     and (op.prim == "broadcast_in_dim" or (op.prim in opdefs.ELEMENTWISE and a.shape != op.outputs[0].shape)))
