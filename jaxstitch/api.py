@@ -36,12 +36,16 @@ def _split_dynamic(args, kwargs):
     leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
     dyn, static = [], {}
     for i, x in enumerate(leaves):
-        if isinstance(x, (jax.Array, jax.core.Tracer, jax.ShapeDtypeStruct)) or hasattr(x, "__jax_array__") \
-                or (hasattr(x, "shape") and hasattr(x, "dtype")):
+        if _is_dynamic(x):
             dyn.append(x)
         else:
             static[i] = x
     return dyn, static, tree
+
+
+def _is_dynamic(x) -> bool:
+    return isinstance(x, (jax.Array, jax.core.Tracer, jax.ShapeDtypeStruct)) or hasattr(x, "__jax_array__") \
+        or (hasattr(x, "shape") and hasattr(x, "dtype"))
 
 
 def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=None, donate_argnums=None,
@@ -84,10 +88,25 @@ def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=Non
     def stitched(*args, **kwargs):
         dyn, static, tree = _split_dynamic(args, kwargs)
         program = families.build_any(fun, dyn, tree, tgt, cfg, static)
-        outs = make_runner(program, Context(tgt, cfg))(*dyn)
+        donated = _donated_positions(args, kwargs, donate_argnums)
+        outs = make_runner(program, Context(tgt, cfg), donated)(*dyn)
         return jax.tree_util.tree_unflatten(program.traced.out_tree, outs)
 
     return jax.jit(stitched, **jit_kwargs)
+
+
+def _donated_positions(args, kwargs, donate_argnums) -> frozenset[int]:
+    """Positions, among the dynamic flat arguments (_split_dynamic), of the donated arguments' leaves."""
+    if donate_argnums is None:
+        return frozenset()
+    nums = {donate_argnums} if isinstance(donate_argnums, int) else set(donate_argnums)
+    nums = {n % len(args) for n in nums if -len(args) <= n < len(args)}
+    flags = (tuple(jax.tree_util.tree_map(lambda _, d=i in nums: d, a) for i, a in enumerate(args)),
+             jax.tree_util.tree_map(lambda _: False, kwargs))
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    dyn_flags = [f for x, f in zip(leaves, jax.tree_util.tree_leaves(flags), strict=True)
+                 if _is_dynamic(x)]
+    return frozenset(k for k, f in enumerate(dyn_flags) if f)
 
 
 def explain(fun: Callable, *args: Any, target=None, **kwargs: Any) -> report_mod.Report:

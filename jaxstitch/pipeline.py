@@ -261,7 +261,7 @@ def stitch_remote(graph, regions: tuple[Compiled, ...], target: Target, cfg: Con
     merged: dict[int, Compiled] = {}
     next_id = 1 + max((c.plan.region.id for c in regions), default=0)
     for group in remote.groups(graph, tuple(c.plan.region for c in regions), candidates):
-        kernel, est = remote.plan_remote(group, next_id, target)
+        kernel, est = remote.plan_remote(group, next_id, target, ends.spent(group), ends.program_inputs)
         next_id += 1
         if est.speedup < min_gain(cfg.tuning):
             log.info("%d independent chains stay with XLA: estimated %.1f us as one kernel vs %.1f us",
@@ -292,6 +292,13 @@ class _Ends:
         self.unfused |= {o.id for op in graph.ops if op.prim in COMPUTE_BOUND for o in op.outputs}
         self.unfused |= {v.id for r in stitched for v in r.outputs}
         stitched_ops = {op.index for r in stitched for op in r.ops}
+        self.program_outputs = {v.id for v in graph.outputs if isinstance(v, ir.Value)}
+        self.program_inputs = frozenset(v.id for v in graph.inputs)
+        self.readers: dict[int, set[int]] = {}  # value -> every op reading it
+        for op in graph.ops:
+            for a in op.inputs:
+                if isinstance(a, ir.Value):
+                    self.readers.setdefault(a.id, set()).add(op.index)
         self.fusing_readers: dict[int, set[int]] = {}  # value -> ops XLA could fuse it into
         for op in graph.ops:
             if op.prim in COMPUTE_BOUND or op.index in stitched_ops:
@@ -299,6 +306,12 @@ class _Ends:
             for a in op.inputs:
                 if isinstance(a, ir.Value):
                     self.fusing_readers.setdefault(a.id, set()).add(op.index)
+
+    def spent(self, members: list) -> frozenset[int]:
+        """Inputs of the members that one member alone reads (and no program output is): another
+        reader, in another block of the merged kernel, could see it overwritten."""
+        return frozenset(v.id for r in members for v in r.inputs if v.id not in self.program_outputs
+                         and self.readers.get(v.id, set()) <= {op.index for op in r.ops})
 
     def remote_candidate(self, c: Compiled) -> bool:
         """A flat region left to XLA (not for an error, not cut from a neighbour) whose inputs and

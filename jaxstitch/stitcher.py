@@ -29,10 +29,11 @@ class Context:
     cfg: Config
 
 
-def _launch(c: Compiled, poison: bool) -> Launch:
+def _launch(c: Compiled, poison: bool, donated: frozenset[int] = frozenset()) -> Launch:
     m = c.plan.kernel.mapping
     launch = Launch(c.key, c.cubin, KERNEL_NAME, m.grid, m.block, m.smem_bytes, m.cooperative,
-                    c.plan.kernel.workspace_bytes, poison, rows=getattr(m, "n_rows", None) or 0)
+                    c.plan.kernel.workspace_bytes, poison, rows=getattr(m, "n_rows", None) or 0,
+                    aliases=_aliases(c, poison, donated))
     if c.rows_source is None:
         return launch
     buffer, row_elems = c.rows_source  # (a family's member: rows and grid follow the buffers)
@@ -44,6 +45,16 @@ def _launch(c: Compiled, poison: bool) -> Launch:
     alts = tuple(_alternative(below, v) for below, v in c.variants)
     ws = max([launch.workspace_bytes] + [v.plan.kernel.workspace_bytes for _, v in c.variants])
     return dataclasses.replace(launch, workspace_bytes=ws, alternatives=alts, buffers=_buffers(c))
+
+
+def _aliases(c: Compiled, poison: bool, donated: frozenset[int]) -> tuple[tuple[int, int], ...]:
+    """The kernel's in-place pairs (plan/remote.py in_place) over `donated` inputs: XLA would copy
+    any other argument first, to keep it (a launch per buffer). None when poisoning: it fills the
+    results before the launch, over the arguments they share."""
+    if poison:
+        return ()
+    r = c.plan.region
+    return tuple((i, o) for i, o in getattr(c.plan.kernel, "aliases", ()) if r.inputs[i].id in donated)
 
 
 def _buffers(c: Compiled) -> int:
@@ -100,18 +111,20 @@ def _schedule(program: Program):
     return [(n, nodes[n]) for n in order]
 
 
-def make_runner(program: Program, context: Context):
-    """A function of the dynamic flat arguments returning the flat outputs."""
+def make_runner(program: Program, context: Context, donated: frozenset[int] = frozenset()):
+    """A function of the dynamic flat arguments returning the flat outputs; `donated`: positions
+    of arguments whose buffers the caller donates (kernels may write their results over them)."""
     traced = program.traced
     schedule = _schedule(program)
     region_fns = {}
     poison = context.cfg.poison
+    donated_ids = frozenset(traced.graph.inputs[k].id for k in donated)
     for (kind, rid), c in schedule:
         if kind == "r":
             r = c.plan.region
             region_eqns = [traced.eqns[op.index] for op in r.ops]
             closed = trace_mod.region_jaxpr(region_eqns, r.inputs, r.outputs, traced.consts)
-            region_fns[rid] = (r, closed, _launch(c, poison), c.xla_below)
+            region_fns[rid] = (r, closed, _launch(c, poison, donated_ids), c.xla_below)
 
     eqns = {i: _with_stitched_bodies(traced.eqns[i], program, i, context)
             for (kind, i), _ in schedule if kind == "e"}

@@ -30,11 +30,12 @@ from jaxstitch.workloads import WORKLOADS
 from hypothesis import event
 
 from strategies import coarser, force_stitching, random_inputs, region_graphs
-from test_views import CASES as VIEW_CASES, _random as view_inputs
+from test_views import CASES as VIEW_CASES, SPREAD_CASES, _random as view_inputs
 from test_scans import CASES as SCAN_CASES
 from test_variadic import CASES as VARIADIC_CASES
 from test_tile_transpose import CASES as TRANSPOSE_CASES
 from test_prng import CASES as PRNG_CASES, case_inputs as prng_inputs
+from test_pipeline_cpu import bias_grads_then_adam
 from test_transforms import COMPOSITIONS, CONTROL_FLOW, FUNS, MIN_KERNELS, stitched_kernels
 from jaxstitch.ops import VARIADIC
 from jaxstitch.ops import SCANS
@@ -362,6 +363,49 @@ def test_remote_kernels_match_xla(dtype):
         compare(a, c, f"{what} output {i}")
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_updates_of_column_sums_match_xla(dtype):
+    """A stitched region's column sums, each read by an update beside the optimizer state: the sums'
+    kernel, then the updates as one remote kernel, against jax.jit."""
+    seed = (RUN_SEED + zlib.crc32(f"bias-adam/{dtype}".encode())) % (1 << 63)
+    rng = np.random.default_rng(seed)
+    dt = DTYPES[dtype]
+    args = [jnp.asarray(rng.standard_normal((1000, 777)), dt)]
+    args += [jnp.asarray(rng.standard_normal(777) * s, dt) for s in (0.1, 1.0, 1.0) * 2]
+    args[2], args[5] = jnp.abs(args[2]), jnp.abs(args[5])  # second moments are not negative
+    what = _msg(f"column sums then Adam {dtype}", seed)
+    report = jaxstitch.explain(bias_grads_then_adam, *args)
+    assert [r.scheme for r in report.regions if r.stitched] == ["global", "remote"], str(report)
+    want = jax.block_until_ready(jax.jit(bias_grads_then_adam)(*args))
+    _, got = run_stitched(bias_grads_then_adam, args, what)
+    for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+        compare(a, c, f"{what} output {i}")
+
+
+def test_updates_written_over_donated_state_match_xla(monkeypatch):
+    """With the state donated (and no poisoning, which would fill it), the remote kernel writes each
+    update over the state it read: its results against jax.jit's, and no more launches than
+    without donation (XLA would otherwise copy each result into its donated buffer)."""
+    from jaxstitch.bench import count_kernels
+
+    monkeypatch.setenv("JAXSTITCH_POISON", "0")
+    seed = (RUN_SEED + zlib.crc32(b"donated-adam")) % (1 << 63)
+    rng = np.random.default_rng(seed)
+    args = [jnp.asarray(rng.standard_normal((1000, 777)), jnp.float32)]
+    args += [jnp.asarray(np.abs(rng.standard_normal(777)) * s, jnp.float32) for s in (0.1, 1.0, 1.0) * 2]
+    what = _msg("column sums then Adam, donated", seed)
+    want = jax.block_until_ready(jax.jit(bias_grads_then_adam)(*args))
+    donated = jaxstitch.jit(bias_grads_then_adam, donate_argnums=(1, 2, 3, 4, 5, 6))
+    hlo = donated.lower(*args).compile().as_text()
+    assert "output_to_operand_aliasing" in hlo, hlo
+    kept = count_kernels(jaxstitch.jit(bias_grads_then_adam).lower(*args).compile().as_text())
+    assert count_kernels(hlo) <= kept, (count_kernels(hlo), kept)
+    for _ in range(RUNS):  # (each call consumes its state: fresh copies)
+        got = jax.block_until_ready(donated(args[0], *[jnp.array(a, copy=True) for a in args[1:]]))
+        for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
+            compare(a, c, f"{what} output {i}")
+
+
 def _count_params():
     out = []
     for name in WORKLOADS:
@@ -685,6 +729,17 @@ def test_data_moving_ops_match_xla(name, dtype):
     (plan/views.py), forced, against jax.jit: the cases the CPU tests check the rewrite on."""
     fun, specs = VIEW_CASES[name]
     what, _, got, want = forced_case("views", name, dtype, fun, lambda s: view_inputs(specs, s), VIEWS)
+    for i, (a, c) in enumerate(zip(got, want)):
+        compare(a, c, f"{what} output {i}")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", sorted(SPREAD_CASES))
+def test_inputs_spread_over_rows_match_xla(name, dtype):
+    """Inputs broadcast over only some row axes (an attention dropout mask), read through stride-0
+    views, forced, against jax.jit."""
+    fun, specs = SPREAD_CASES[name]
+    what, _, got, want = forced_case("spread", name, dtype, fun, lambda s: view_inputs(specs, s), {"mul"})
     for i, (a, c) in enumerate(zip(got, want)):
         compare(a, c, f"{what} output {i}")
 

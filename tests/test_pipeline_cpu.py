@@ -29,7 +29,7 @@ from jaxstitch.kernels import cache, nvrtc
 from jaxstitch.plan.mapping import Tuning, stash_slot_bytes
 from jaxstitch.report import make_report
 from jaxstitch.workloads import WORKLOADS, layernorm_fwdbwd, softmax_fwdbwd, xent_fwdbwd
-from strategies import force_stitching, random_inputs, region_graphs
+from strategies import assert_same_as_jax_jit, force_stitching, random_inputs, region_graphs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = "h100"
@@ -261,6 +261,59 @@ def test_adamw_is_one_remote_kernel():
     assert c.plan.estimate.speedup > 1.15
     rest = [c for c in program.regions if not c.stitched]
     assert all(set(op.prim for op in r.plan.region.ops) <= {"pow", "sub"} for r in rest), str(make_report(program))
+
+
+def bias_grads_then_adam(x, mu, nu, b, mu2, nu2, b2):
+    """Two column sums of one stitched region (a layer's bias gradients) and an Adam update of each,
+    which reads the sum beside `0.9 * mu` (the optimizer state, a program input)."""
+    d = jnp.tanh(x) * x
+    outs = [d]
+    for g, m, v, p in ((d.sum(0), mu, nu, b), ((d * d).sum(0), mu2, nu2, b2)):
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        outs += [m, v, p - 1e-3 * m / (jnp.sqrt(v) + 1e-8)]
+    return outs
+
+
+def test_an_update_of_a_column_sum_is_one_region_with_its_state():
+    """An op reading a column sum (an epilogue value) cannot join the sum's region, but it still joins
+    its other producer's: each update is one region with its `0.9 * mu`, not a one-op `mul` region
+    apart, and the two updates are then remote candidates, launched as one kernel."""
+    specs = [S((1000, 777), jnp.float32)] + [S((777,), jnp.float32)] * 6
+    report = explain(bias_grads_then_adam, *specs)
+    assert len(report.regions) == 2 and all(r.stitched for r in report.regions), str(report)
+    assert [r.scheme for r in report.regions] == ["global", "remote"], str(report)
+    args = random_inputs(specs, seed=3)
+    assert_same_as_jax_jit(bias_grads_then_adam, args)
+
+
+def test_updates_are_planned_in_place_of_their_state():
+    """Each update's outputs are written over the inputs they are computed from, program inputs first
+    (the donated state: m over m, v over v, b over b), not over the column sums that are one op closer."""
+    from jaxstitch.stitcher import _aliases
+
+    specs = [S((1000, 777), jnp.float32)] + [S((777,), jnp.float32)] * 6
+    program = _program(bias_grads_then_adam, specs)
+    (c,) = [c for c in program.regions if c.stitched and c.plan.kernel.scheme == "remote"]
+    r, graph = c.plan.region, program.traced.graph
+    pairs = {(graph.inputs.index(r.inputs[i]), r.outputs[o]) for i, o in c.plan.kernel.aliases}
+    outputs = [graph.outputs.index(v) for _, v in sorted(pairs, key=lambda p: p[0])]
+    assert sorted(i for i, _ in pairs) == [1, 2, 3, 4, 5, 6] and outputs == [1, 2, 3, 4, 5, 6]
+    every = frozenset(v.id for v in graph.inputs)
+    assert _aliases(c, poison=False, donated=every) == c.plan.kernel.aliases
+    assert _aliases(c, poison=True, donated=every) == ()  # (poison would fill the inputs)
+    some = frozenset(graph.inputs[k].id for k in (1, 2))
+    assert [r.inputs[i].id for i, _ in _aliases(c, poison=False, donated=some)] == sorted(some)
+
+
+def test_donated_positions_count_dynamic_leaves_only():
+    from jaxstitch.api import _donated_positions
+
+    x = jnp.ones(3)
+    args = ({"a": x, "b": 2}, [x, x], x)  # (2 is static: not among the dynamic leaves)
+    assert _donated_positions(args, {"k": x}, None) == frozenset()
+    assert _donated_positions(args, {"k": x}, 1) == {1, 2}
+    assert _donated_positions(args, {"k": x}, (0, -1)) == {0, 3}
 
 
 ABLATION = {  # JAXSTITCH_TUNE spec -> stitched kernels of layernorm fwd+bwd and cross-entropy fwd+bwd

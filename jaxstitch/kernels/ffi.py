@@ -114,6 +114,7 @@ def launch(
     splits: int = 1,
     buffers: int = -1,
     alternatives: Sequence[Alternative] = (),
+    input_output_aliases: dict[int, int] | None = None,
     target: str = TARGET,
 ):
     """Calls ``kernel`` from ``cubin`` on ``args``; returns the list of results.
@@ -137,11 +138,14 @@ def launch(
     ``alternatives``, in increasing ``below_rows``: the first made for more rows
     than there are runs instead (the launcher picks by the actual row count).
 
+    ``input_output_aliases``: argument index -> result index of buffers that are one
+    (results written over arguments the kernel has read).
+
     ``target``: another registration of the same handler (tests). Every attribute
     is always passed: XLA's FFI reports a missing one from inside the handler,
     which once crashed the process.
     """
-    return jax.ffi.ffi_call(target, list(out_types))(
+    return jax.ffi.ffi_call(target, list(out_types), input_output_aliases=input_output_aliases)(
         *args,
         cubin=np.frombuffer(cubin, np.uint8),
         key=key,

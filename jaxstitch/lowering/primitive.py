@@ -39,6 +39,7 @@ class Launch:
     splits: int = 1             # blocks sharing a row (the grid follows rows x splits)
     buffers: int = -1           # pointers the kernel takes (-1: all; less: no workspace)
     alternatives: tuple[ffi.Alternative, ...] = ()  # kernels for fewer rows (kernels/ffi.py)
+    aliases: tuple[tuple[int, int], ...] = ()  # (argument, result) sharing a buffer: written in place
 
 
 stitch_p = jcore.Primitive("jaxstitch_stitch")
@@ -69,7 +70,8 @@ def _launch(*args, jaxpr, launch, context):
                          cooperative=launch.cooperative, poison=launch.poison, rows=launch.rows,
                          rows_buffer=launch.rows_buffer, row_elems=launch.row_elems,
                          rows_per_block=launch.rows_per_block, splits=launch.splits,
-                         buffers=launch.buffers, alternatives=launch.alternatives)
+                         buffers=launch.buffers, alternatives=launch.alternatives,
+                         input_output_aliases=dict(launch.aliases))
     return list(results)[:len(outs)]
 
 

@@ -72,6 +72,8 @@ class RemotePlan:
     bodies: tuple[Region, ...]      # one representative member per op structure
     mapping: RemoteMapping
     workspace_bytes: int = 0
+    # (input, output) positions in `region` whose buffers are one: outputs written in place
+    aliases: tuple[tuple[int, int], ...] = ()
 
     @property
     def scheme(self) -> str:
@@ -146,8 +148,10 @@ def groups(graph: ir.Graph, regions: tuple[Region, ...], candidates: list[Region
     return [members for _, members, _ in out if len(members) > 1]
 
 
-def plan_remote(members: list[Region], rid: int, target: Target) -> tuple[RemotePlan, cost.Estimate]:
-    """One kernel for `members` (independent flat regions), and its cost against XLA's kernel each."""
+def plan_remote(members: list[Region], rid: int, target: Target, spent: frozenset[int] = frozenset(),
+                favoured: frozenset[int] = frozenset()) -> tuple[RemotePlan, cost.Estimate]:
+    """One kernel for `members` (independent flat regions), and its cost against XLA's kernel each.
+    `spent` and `favoured`: which outputs are written over which inputs (in_place)."""
     inputs: dict[int, ir.Value] = {}
     outputs: list[ir.Value] = []
     for r in members:
@@ -180,7 +184,48 @@ def plan_remote(members: list[Region], rid: int, target: Target) -> tuple[Remote
         slots[b] = slots.get(b, 0) + 1
         task += tasks
     mapping = RemoteMapping(task, BLOCK, vec, tile, len(members))
-    return RemotePlan(region, tuple(planned), tuple(reps), mapping), estimate(members, target)
+    aliases = tuple((position[i.id], position[o.id] - len(inputs))
+                    for r in members for i, o in in_place(r, spent, favoured))
+    return RemotePlan(region, tuple(planned), tuple(reps), mapping, aliases=aliases), estimate(members, target)
+
+
+def in_place(r: Region, spent: frozenset[int], favoured: frozenset[int] = frozenset()) -> list[tuple[ir.Value, ir.Value]]:
+    """(input, output) pairs of a flat region whose output may overwrite its input: the input is
+    `spent` (read by nothing else, not a program output), of the output's shape and type, and the
+    output is computed from it. Then each element is loaded before the thread that loads it stores
+    the element over it, and an optimizer's update writes the state it read (with the state donated,
+    XLA then copies nothing: one copy per buffer otherwise, a launch each).
+    Outputs with fewer candidates choose first, each a `favoured` input first (program inputs:
+    donated buffers are those), then the one fewest ops away. Adam: m over m, v over v, p over p."""
+    producer = {o.id: op for op in r.ops for o in op.outputs}
+
+    def depths(v: ir.Value) -> dict[int, int]:
+        """Values `v` is computed from, with the fewest ops between (breadth first)."""
+        out, frontier, d = {v.id: 0}, [v], 0
+        while frontier:
+            d += 1
+            nxt = []
+            for x in frontier:
+                op = producer.get(x.id)
+                for a in (op.inputs if op is not None else ()):
+                    if isinstance(a, ir.Value) and a.id not in out:
+                        out[a.id] = d
+                        nxt.append(a)
+            frontier = nxt
+        return out
+
+    options = {}
+    for o in r.outputs:
+        depth = depths(o)
+        options[o.id] = sorted((i for i in r.inputs if i.id in spent and i.id in depth and i.shape == o.shape
+                                and i.dtype == o.dtype), key=lambda i: (i.id not in favoured, depth[i.id]))
+    taken, pairs = set(), []
+    for o in sorted(r.outputs, key=lambda o: len(options[o.id])):
+        free = [i for i in options[o.id] if i.id not in taken]
+        if free:
+            taken.add(free[0].id)
+            pairs.append((free[0], o))
+    return pairs
 
 
 def estimate(members: list[Region], target: Target) -> cost.Estimate:
