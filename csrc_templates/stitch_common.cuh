@@ -377,6 +377,27 @@ __device__ __forceinline__ void js_warps_lse(float& m, float& s, const float* ms
   s = j < NW ? ss[j] : 0.0f;
   js_group_lse<32>(m, s);
 }
+// With weighted online sums (sums of g * exp(x - m) beside the sum of exp(x - m)) every sum is
+// rescaled by the same factor: these give the factors, and move m to the larger max.
+__device__ __forceinline__ void js_lse_rescale(float& m, float m2, float& f, float& f2) {
+  const float mn = js_max(m, m2), sh = js_lse_shift(mn);
+  f = expf(m - sh);
+  f2 = expf(m2 - sh);
+  m = mn;
+}
+template <int W>
+__device__ __forceinline__ float js_group_rescale(float& m) {
+  const float mx = js_group_reduce<W>(m, js_max_op());
+  const float f = expf(m - js_lse_shift(mx));
+  m = mx;
+  return f;
+}
+// Lane j's view of warp j's partial among NW warps (NW <= 32), `empty` past them.
+template <int NW>
+__device__ __forceinline__ float js_warp_partial(const float* partials, float empty) {
+  const int j = threadIdx.x & 31;
+  return j < NW ? partials[j] : empty;
+}
 
 // (value, index) pairs for argmax/argmin: ties and NaNs resolve to the smallest index, like XLA.
 template <bool IS_MAX>

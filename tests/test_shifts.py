@@ -13,6 +13,7 @@ import jaxstitch
 from jaxstitch import ir, partition as partition_mod, pipeline, trace as trace_mod
 from jaxstitch.plan import cost, online, shifts, views
 from jaxstitch.plan.layout import place
+from jaxstitch.workloads import softmax_fwdbwd
 from strategies import traced_values
 
 
@@ -110,7 +111,7 @@ def _new_op(op, ins):
     if op.prim == "broadcast_in_dim":
         return np.broadcast_to(np.asarray(ins[0]), out.shape)
     with np.errstate(invalid="ignore", over="ignore"):
-        return {"mul": np.multiply, "sub": np.subtract, "add": np.add}[op.prim](*ins).astype(dt)
+        return {"mul": np.multiply, "sub": np.subtract, "add": np.add, "div": np.divide}[op.prim](*ins).astype(dt)
 
 
 def _evaluate(region, traced, env):
@@ -128,7 +129,7 @@ def _evaluate(region, traced, env):
 def _placed(region):
     """The region's online sums and its layout, as the planner places it."""
     found = online.find_online_sums(region.ops)
-    return found, place(region, frozenset(o.sum_id for o in found))
+    return found, place(region, online.sum_ids(found))
 
 
 def _pulled(region):
@@ -200,6 +201,30 @@ def test_masked_sums_rewritten_give_the_traced_results(fun, offset, special):
             np.testing.assert_array_equal(got[~finite], want[~finite])
             np.testing.assert_allclose(got[finite], want[finite], rtol=2e-6 * (1 + abs(offset) / 10), atol=1e-5)
         assert env[region.outputs[0].id][6] == 0
+
+
+@pytest.mark.parametrize("offset, special", [(0.0, False), (40.0, False), (0.0, True)])
+def test_softmax_backward_factor_comes_out_of_its_sum(offset, special):
+    """JAX's softmax backward sums dy * s^-2 * exp(x - max): the row factor s^-2 comes out (one
+    rewrite), the rest is a sum weighted by dy that folds into the max's pass (plan/online.py), so a
+    pass fewer; the rewritten region gives the traced results, special values in place."""
+    rows, cols = 8, 3000
+    spec = jax.ShapeDtypeStruct((rows, cols), jnp.float32)
+    traced, (region,) = _regions(softmax_fwdbwd, [spec, spec])
+    rewritten, n = _pulled(region)
+    assert n == 1 and _passes(rewritten) == 2 < _passes(region)
+    (pair,) = _placed(rewritten)[0]
+    (weighted,) = pair.weighted
+    assert weighted.weight_id == region.inputs[1].id  # dy
+    rng = np.random.default_rng(5)
+    for _ in range(3):
+        x, dy = _logits(rng, rows, cols, offset, special), rng.standard_normal((rows, cols)).astype(np.float32)
+        env = _values(traced, [x, dy])
+        for got, v in zip(_evaluate(rewritten, traced, env), region.outputs):
+            want = env[v.id]
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+            finite = np.isfinite(want)
+            np.testing.assert_allclose(got[finite], want[finite], rtol=1e-5, atol=1e-9)
 
 
 def test_float_weighted_sums_keep_their_pass():

@@ -83,7 +83,7 @@ class Kernel:
         self.n_row_red = 0
         # Online softmax pairs (plan/online.py), by the max's and by the sum's output.
         self.online_by_max = {o.max_id: o for o in plan.online}
-        self.online_by_sum = {o.sum_id: o for o in plan.online}
+        self.online_by_sum = {i: o for o in plan.online for i in o.sum_ids}  # weighted sums too
         self.producer = {o.id: op for op in plan.region.ops for o in op.outputs}
         # The js_red bank pairs of the row loop's reduction rounds, round r using bank r % 2: a bank
         # is written again two rounds later, after the other round's barrier, so a round needs no

@@ -90,9 +90,10 @@ def _variadic_group(k: Kernel, w: Writer, op: ir.Op):
 
 
 def _online_accumulate(k: Kernel, w: Writer, op: ir.Op):
-    """A max and its online sum (plan/online.py): the chunk's max, the new running max, the chunk's
-    exp(x - max) terms against it, and the partial sum so far rescaled to it. A max still -inf
-    shifts by 0, so that -inf elements add exp(-inf) = 0 and no NaN is made from -inf - -inf."""
+    """A max and its online sums (plan/online.py): the chunk's max, the new running max, the chunk's
+    exp(x - max) terms against it (times each weighted sum's g), and the partial sums so far
+    rescaled to it. A max still -inf shifts by 0, so that -inf elements add exp(-inf) = 0 and no
+    NaN is made from -inf - -inf."""
     pair = k.online_by_max[op.outputs[0].id]
     m, s, x = f"p{pair.max_id}", f"p{pair.sum_id}", f"(float){k.ref(op.inputs[0])}"
     sub, ex = k.producer[pair.diff_id], k.producer[pair.exp_id]
@@ -106,10 +107,38 @@ def _online_accumulate(k: Kernel, w: Writer, op: ir.Op):
     k.each_element(inner, f"js_lm = js_max(js_lm, {x});")
     inner(f"const float js_mn = js_max({m}, js_lm), js_sh = js_lse_shift(js_mn);")
     inner("float js_t = 0.0f;")
-    k.each_element(inner, f"js_t += {exp_minus(x, 'js_sh')};")
-    inner(f"{s} = {s} * {exp_minus(m, 'js_sh')} + js_t;")
+    if not pair.weighted:
+        k.each_element(inner, f"js_t += {exp_minus(x, 'js_sh')};")
+        inner(f"{s} = {s} * {exp_minus(m, 'js_sh')} + js_t;")
+    else:  # (sums of g * exp(x - max) beside it, rescaled by the same factor)
+        weights = [_value(k, ws.weight_id) for ws in pair.weighted]
+        inner(" ".join(f"float js_t{j} = 0.0f;" for j in range(len(weights))))
+        terms = " ".join(f"js_t{j} += (float){k.ref(g)} * js_e;" for j, g in enumerate(weights))
+        k.each_element(inner, f"{{ const float js_e = {exp_minus(x, 'js_sh')}; js_t += js_e; {terms} }}")
+        inner(f"const float js_f = {exp_minus(m, 'js_sh')};")
+        inner(f"{s} = {s} * js_f + js_t;")
+        for j, ws in enumerate(pair.weighted):
+            inner(f"p{ws.sum_id} = p{ws.sum_id} * js_f + js_t{j};")
     inner(f"{m} = js_mn;")
     w.lines.extend(inner.lines)
+    w("}")
+
+
+def _value(k: Kernel, vid: int) -> ir.Value:
+    op = k.producer.get(vid)
+    return next(o for o in op.outputs if o.id == vid) if op is not None else \
+        next(v for v in k.plan.region.inputs if v.id == vid)
+
+
+def _group_online(w: Writer, pair, width: int):
+    """An online max and its sums across aligned groups of `width` lanes: every lane ends with the
+    group's (js_group_lse for a pair alone)."""
+    if not pair.weighted:
+        w(f"js_group_lse<{width}>(p{pair.max_id}, p{pair.sum_id});")
+        return
+    w(f"{{ const float js_f = js_group_rescale<{width}>(p{pair.max_id});")
+    for sid in pair.sum_ids:
+        w(f"  p{sid} = js_group_reduce<{width}>(p{sid} * js_f, js_sum_op());")
     w("}")
 
 
@@ -131,7 +160,7 @@ def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
         if k.m.tpr > 1 and o.id in k.online_by_sum:
             pass  # combined with its max, as a pair
         elif k.m.tpr > 1 and pair:
-            w(f"js_group_lse<{min(k.m.tpr, 32)}>(p{o.id}, p{pair.sum_id});")
+            _group_online(w, pair, min(k.m.tpr, 32))
         elif k.m.tpr > 1 and kind == "arg":
             w(f"js_group_arg_reduce<{min(k.m.tpr, 32)}, {ARG_REDUCE[op.prim]}>(p{o.id}, q{o.id});")
         elif k.m.tpr > 1:
@@ -165,9 +194,15 @@ def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
                 if kind[1] == 0:  # the warps' partials in warp order, all outputs at once
                     _variadic_warps(k, w, op, bank, i)
                 continue
-            if pair:
+            if pair and not pair.weighted:
                 j, red = slot_of[pair.sum_id], f"js_red[{bank}]"
                 w(f"js_warps_lse<NWARPS_ROW>(p{o}, p{pair.sum_id}, {red}[{i}][row_in_block], {red}[{j}][row_in_block]);")
+            elif pair:  # lane j takes warp j's partials, then the group's fold
+                red = f"js_red[{bank}]"
+                w(f"p{o} = js_warp_partial<NWARPS_ROW>({red}[{i}][row_in_block], -JS_INF);")
+                for sid in pair.sum_ids:
+                    w(f"p{sid} = js_warp_partial<NWARPS_ROW>({red}[{slot_of[sid]}][row_in_block], 0.0f);")
+                _group_online(w, pair, 32)
             elif kind == "arg":
                 w(f"p{o} = js_red[{bank}][{i}][row_in_block][0]; q{o} = js_redi[{bank}][{i}][row_in_block][0];")
                 w(f"for (int j = 1; j < NWARPS_ROW; ++j) js_arg_combine<{ARG_REDUCE[op.prim]}>(p{o}, q{o}, js_red[{bank}][{i}][row_in_block][j], js_redi[{bank}][{i}][row_in_block][j]);")
@@ -183,7 +218,8 @@ def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
     for op, _ in slots:
         pair = k.online_by_max.get(op.outputs[0].id)
         if pair:  # a row of -inf only: x - max is NaN in every term, as the two-pass sum has it
-            w(f"if (p{pair.max_id} == -JS_INF) p{pair.sum_id} = JS_NAN;")
+            w(f"if (p{pair.max_id} == -JS_INF) {{ {' '.join(f'p{sid} = JS_NAN;' for sid in pair.sum_ids)} }}"
+              if pair.weighted else f"if (p{pair.max_id} == -JS_INF) p{pair.sum_id} = JS_NAN;")
     for op, kind in slots:
         o = op.outputs[kind[1]] if isinstance(kind, tuple) else op.outputs[0]
         w(f"const {k.ctype(o)} v{o.id} = {'q' if kind == 'arg' else 'p'}{o.id};")
@@ -235,11 +271,19 @@ def combine_slices(k: Kernel, w: Writer, slots):
         pair, get = k.online_by_max.get(o), getter(o, kind)
         if o in k.online_by_sum:
             continue
-        if pair:
+        if pair and not pair.weighted:
             get_sum = getter(pair.sum_id, "float")
             w(f"  p{o} = -JS_INF; p{pair.sum_id} = 0.0f;")
             w(f"  for (int s = js_l; s < SPLITS; s += 32) js_lse_combine(p{o}, p{pair.sum_id}, {get('s')}, {get_sum('s')});")
             w(f"  js_group_lse<32>(p{o}, p{pair.sum_id});")
+            continue
+        if pair:  # (each slice's sums rescaled to the larger max, as js_lse_combine does)
+            w(f"  p{o} = -JS_INF; {' '.join(f'p{sid} = 0.0f;' for sid in pair.sum_ids)}")
+            folds = " ".join(f"p{sid} = p{sid} * js_f + {getter(sid, 'float')('s')} * js_f2;" for sid in pair.sum_ids)
+            w(f"  for (int s = js_l; s < SPLITS; s += 32) {{ float js_f, js_f2; js_lse_rescale(p{o}, {get('s')}, js_f, js_f2); {folds} }}")
+            inner = Writer(w.indent + 1)
+            _group_online(inner, pair, 32)
+            w.lines.extend(inner.lines)
             continue
         ctype = k.ctype(op.outputs[0])
         if ctype == "bool":  # (no shuffles of bool: folded one by one)

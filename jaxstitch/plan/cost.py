@@ -95,7 +95,7 @@ def chunk_passes(layout: Layout, ops, outputs, online=()) -> int:
     sum's with its max's) or a full-size output stores, and the first. The last level may need none
     (its values are one per row): a log-softmax's statistics with their shifts taken out
     (plan/shifts.py) are one pass."""
-    online_sums = {o.sum_id for o in online}
+    online_sums = {i for o in online for i in o.sum_ids}
     levels = {0}
     for op in ops:
         folds = opdefs.is_row_reduction(op) or (opdefs.is_grid_reduction(op) and layout.of(op.inputs[0]).declared == FULL)

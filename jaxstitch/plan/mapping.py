@@ -47,7 +47,10 @@ class Tuning:
     blocks per long row when there are too few rows to fill the GPU (unset or 0: chosen by the
     planner; 1: never split); `online`: 0 reduces a softmax's
     max and sum of exponentials in two passes, as written, instead of one (plan/online.py);
-    `shifts`: 0 leaves row-constant shifts inside the reductions (plan/shifts.py);
+    `shifts`: 0 leaves row-constant shifts inside the reductions (plan/shifts.py); `factors`: 0
+    leaves row-constant factors inside sums of exponentials (plan/shifts.py: a softmax backward's
+    sum(dy * y) then keeps its own pass), 1 takes them out where rows are walked in chunks or
+    split over blocks, 2 also where a row is held in registers;
     `fast_exp`: 0 computes exp with expf even in half-precision regions (see planner.fast_exp).
     For ablations: `stitch`: 0 ends regions where XLA ends its kernels (at every use of a reduced
     value; siblings not merged); `grid`: 0 gives column and whole-array reductions kernels of their
@@ -65,6 +68,7 @@ class Tuning:
     splits: int | None = None
     online: int = 1
     shifts: int = 1
+    factors: int = 1
     fast_exp: int = 1
     stitch: int = 1
     grid: int = 1
@@ -73,7 +77,7 @@ class Tuning:
     variants: int = 1
     split_rows: int | None = None
 
-    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "fast_exp",
+    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows")
 
     @classmethod

@@ -6,8 +6,13 @@ reduction round. Keeping a running max and rescaling the partial sum whenever it
 Gimelshein, "Online normalizer calculation for softmax", 2018) folds the sum into the max's pass: one
 pass and one reduction round fewer. The sum then differs from the two-pass one by rounding only.
 
-This module finds the pattern; the layout gives the sum the max's level, and codegen
-(lowering/reductions.py) emits the paired accumulation.
+A softmax backward also sums `dy * exp(x - max)` over the row (JAX's `sum(dy * y)` once
+plan/shifts.py has taken the row's `1 / sum` factor out of it). That sum rescales with the max as
+the sum of exponentials does, so it folds into the same pass too (a *weighted* online sum): rows
+too long to keep on chip are then read twice, not three times.
+
+This module finds the pattern; the layout gives the sums the max's level, and codegen
+(lowering/reductions.py) emits the accumulation.
 """
 from __future__ import annotations
 
@@ -30,6 +35,26 @@ class OnlineSum:
     source_id: int  # x, the values of the row both reduce
     diff_id: int   # x - m (the sub's output)
     exp_id: int    # exp(x - m) (the exp's output, which the sum reduces)
+    weighted: tuple[WeightedSum, ...] = ()  # sums of g * exp(x - m), rescaled with this one
+
+    @property
+    def sum_ids(self) -> tuple[int, ...]:
+        """Every sum folded in the max's pass: the sum of exp(x - m), then the weighted ones."""
+        return (self.sum_id,) + tuple(w.sum_id for w in self.weighted)
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightedSum:
+    """reduce_sum(g * exp(x - m)) beside an OnlineSum: g is known in the max's pass (it depends on
+    no reduction that x does not)."""
+
+    sum_id: int
+    weight_id: int  # g
+
+
+def sum_ids(online: tuple[OnlineSum, ...]) -> frozenset[int]:
+    """The outputs of every sum reduced in its max's pass."""
+    return frozenset(i for o in online for i in o.sum_ids)
 
 
 def find_online_sums(ops: tuple[ir.Op, ...]) -> tuple[OnlineSum, ...]:
@@ -54,7 +79,48 @@ def find_online_sums(ops: tuple[ir.Op, ...]) -> tuple[OnlineSum, ...]:
             continue
         paired.add(r.outputs[0].id)
         found.append(OnlineSum(r.outputs[0].id, op.outputs[0].id, x.id, d.outputs[0].id, e.outputs[0].id))
-    return tuple(found)
+    return tuple(dataclasses.replace(o, weighted=_weighted_sums(ops, o, producer)) for o in found)
+
+
+def _weighted_sums(ops, pair: OnlineSum, producer: dict) -> tuple[WeightedSum, ...]:
+    """The float32 row sums of `g * exp(x - m)` (either order) over pair's row, g a float value
+    that depends on no reduction x does not depend on (so it exists in the max's pass) and is not
+    the exponential itself (whose square would rescale by the factor squared)."""
+    before_x = _reductions_behind(pair.source_id, producer)
+    out = []
+    for op in ops:
+        if op.prim != "reduce_sum" or not opdefs.is_row_reduction(op) or not isinstance(op.inputs[0], ir.Value):
+            continue
+        m = producer.get(op.inputs[0].id)
+        if m is None or m.prim != "mul" or not all(isinstance(a, ir.Value) for a in m.inputs):
+            continue
+        e_pos = [i for i, a in enumerate(m.inputs) if a.id == pair.exp_id]
+        if len(e_pos) != 1:
+            continue
+        g = m.inputs[1 - e_pos[0]]
+        if (g.shape != m.outputs[0].shape or g.dtype not in FLOAT_DTYPES or op.outputs[0].dtype != "float32"
+                or tuple(sorted(op.param("axes"))) != tuple(sorted(producer[pair.sum_id].param("axes")))
+                or not _reductions_behind(g.id, producer) <= before_x):
+            continue
+        out.append(WeightedSum(op.outputs[0].id, g.id))
+    return tuple(out)
+
+
+def _reductions_behind(vid: int, producer: dict) -> frozenset[int]:
+    """Outputs of the reductions that value `vid` is computed from (itself included)."""
+    seen, stack, found = set(), [vid], set()
+    while stack:
+        v = stack.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        op = producer.get(v)
+        if op is None:
+            continue
+        if op.prim in opdefs.REDUCTIONS:
+            found.add(v)
+        stack += [a.id for a in op.inputs if isinstance(a, ir.Value)]
+    return frozenset(found)
 
 
 def max_behind(v: ir.Value, producer: dict) -> ir.Op | None:

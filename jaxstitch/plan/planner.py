@@ -9,7 +9,7 @@ from ..targets import Target
 from . import cost, mapping as mapping_mod, tile, views
 from .layout import COL, FULL, GATHER, MEMORY, Layout, Unplannable, place
 from .mapping import Mapping
-from .online import OnlineSum, find_online_sums
+from .online import OnlineSum, find_online_sums, sum_ids
 from .shifts import pull_out
 
 
@@ -59,7 +59,9 @@ class KernelPlan:
     @property
     def description(self) -> str:
         """The thread mapping's name, and what else shapes the kernel's passes over a row."""
+        weighted = sum(len(o.weighted) for o in self.online)
         return (self.mapping.name + (f", online softmax x{len(self.online)}" if self.online else "")
+                + (f" with {weighted} weighted sum{'s' if weighted > 1 else ''}" if weighted else "")
                 + (f", shifts out of {self.shifts} reductions" if self.shifts else "")
                 + (", fast exp" if self.fast_exp else ""))
 
@@ -152,7 +154,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         return _plan_tile(original, target, tuning, relaxed, str(e))
     online = find_online_sums(region.ops) if tuning.online else ()
     try:
-        layout = place(region, frozenset(o.sum_id for o in online))
+        layout = place(region, sum_ids(online))
     except Unplannable as e:
         return _plan_tile(original, target, tuning, relaxed, str(e))
     sunk = region
@@ -171,6 +173,10 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                                 splittable=not any(op.prim in opdefs.PICKING for op in row_reductions)
                                 and not scans,
                                 one_pass=passes == 1)
+        if tuning.factors == 1 and shifts and mp.chunks == 1 and mp.splits == 1:
+            # A row held in registers gains nothing from fewer passes, and a third online sum
+            # measured 1-2% slower there (H100, softmax fwd+bwd of 4096 and of 64 columns).
+            return plan_region(original, target, dataclasses.replace(tuning, factors=0), relaxed)
         if mp.chunks > 1 and len({op.param("reverse") for op in scans}) > 1:
             raise Unplannable(f"scans in both directions along rows of {mp.n_cols} walked in {mp.chunks} "
                               "chunks (a pass over the chunks runs one way)")
@@ -233,12 +239,12 @@ def _fewer_passes(region: Region, online, layout: Layout, tuning: mapping_mod.Tu
     """(region, online sums, layout, shifts taken out, passes over the rows): with the row
     reductions' shifts taken out (plan/shifts.py) where that saves a pass, as planned otherwise."""
     passes = cost.chunk_passes(layout, region.ops, region.outputs, online)
-    shifted, n = pull_out(region, layout) if tuning.shifts else (region, 0)
+    shifted, n = pull_out(region, layout, factors=bool(tuning.factors)) if tuning.shifts else (region, 0)
     if not n:
         return region, online, layout, 0, passes
     online2 = find_online_sums(shifted.ops) if tuning.online else ()
     try:
-        layout2 = place(shifted, frozenset(o.sum_id for o in online2))
+        layout2 = place(shifted, sum_ids(online2))
     except Unplannable:
         return region, online, layout, 0, passes
     passes2 = cost.chunk_passes(layout2, shifted.ops, shifted.outputs, online2)

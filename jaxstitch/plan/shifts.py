@@ -29,6 +29,12 @@ Exactness, per case:
   there); masks are bools only (a float weight of 0 times an infinite shift is NaN in the two-pass
   form).
 
+Row-constant *factors* come out of a sum of exponentials' products the same way:
+`sum_j(g_j * c * exp(x_j - max)) = c * sum_j(g_j * exp(x_j - max))`. A softmax backward's
+`sum(dy * y)` is `sum(dy * s^-2 * exp(x - max))` as JAX writes it, `s` the row's sum of exponentials
+(known only after the max's pass); without the factor it is a weighted online sum
+(plan/online.py) folded into that pass. Rounding differs from the traced order by the last bits.
+
 The planner takes the rewritten region only where it saves a pass over the rows (planner.py); the
 region's inputs and outputs do not change, and XLA's fallback evaluates the region as traced.
 """
@@ -66,10 +72,10 @@ class Shift:
     row: ir.Atom   # c, one value per row (or a scalar)
 
 
-def pull_out(region: Region, layout: Layout) -> tuple[Region, int]:
-    """The region with the shifts of its row reductions taken out, and how many reductions changed
-    (0: the region itself)."""
-    rw = _Rewriter(region, layout)
+def pull_out(region: Region, layout: Layout, factors: bool = True) -> tuple[Region, int]:
+    """The region with the shifts of its row reductions taken out (and the row factors of its sums
+    of exponentials: `factors`), and how many reductions changed (0: the region itself)."""
+    rw = _Rewriter(region, layout, factors)
     for op in region.ops:
         rw.visit(op)
     if not rw.changed:
@@ -79,12 +85,14 @@ def pull_out(region: Region, layout: Layout) -> tuple[Region, int]:
 
 
 class _Rewriter:
-    def __init__(self, region: Region, layout: Layout):
-        self.region, self.layout = region, layout
+    def __init__(self, region: Region, layout: Layout, factors: bool = True):
+        self.region, self.layout, self.factors = region, layout, factors
         ids = [o.id for op in region.ops for o in op.outputs] + [v.id for v in region.inputs]
         self.fresh = itertools.count(1 + max(ids, default=0))
         self.producer = {o.id: op for op in region.ops for o in op.outputs}
-        self.sums_of_exp = {o.sum_id for o in find_online_sums(region.ops)}
+        pairs = find_online_sums(region.ops)
+        self.sums_of_exp = {o.sum_id for o in pairs}
+        self.online_exps = {o.exp_id for o in pairs}
         self.reductions: dict[tuple, ir.Value] = {}  # (prim, operand, axes) -> an existing output
         self.pilots: dict[int, tuple[ir.Value, ir.Value]] = {}  # src -> its rows' first elements
         self.row_values: dict[tuple, ir.Value] = {}  # (value, shape) -> the value reshaped
@@ -107,6 +115,14 @@ class _Rewriter:
             # (a sum's pilot is read from memory: only a sum of a region input is rewritten)
             if shifts and (op.prim == "reduce_max" or self._loaded(src) is not None):
                 self._rewrite(op, src, shifts, weight)
+                return
+        if self.factors and opdefs.is_row_reduction(op) and op.prim == "reduce_sum" \
+                and isinstance(op.inputs[0], ir.Value) and op.outputs[0].dtype == "float32":
+            # (float32 sums only: a half-precision sum rounds each term, and the taken-out factor
+            # would round otherwise; plan/online.py does not weigh them either)
+            fulls, rows = self._factors(op.inputs[0], op.outputs[0])
+            if rows and sum(v.id in self.online_exps for v in fulls) == 1:
+                self._rewrite_scaled(op, fulls, rows)
                 return
         if opdefs.is_row_reduction(op) and len(op.outputs) == 1:
             self.reductions.setdefault(self._key(op.prim, op.inputs[0], op), op.outputs[0])
@@ -280,6 +296,43 @@ class _Rewriter:
                 none = self.emit("eq", (count, ir.Const(0.0, out.dtype)), out, dtype="bool")
                 scaled = self.emit("select_n", (none, scaled, ir.Const(0.0, out.dtype)), out)
             self.emit("sub", (acc, scaled), out, out=out)
+        self.changed += 1
+
+    def _factors(self, v: ir.Value, out: ir.Value) -> tuple[list[ir.Value], list[tuple[str, ir.Atom]]]:
+        """`v` as a product: its full-size factors, and its row-constant ones as ("mul" | "div",
+        the value shaped like `out`); ([v], []) where it is no product of that form."""
+        d = self.producer.get(v.id)
+        if d is None or d.prim not in ("mul", "div") or len(d.inputs) != 2:
+            return [v], []
+        fulls, rows = [], []
+        for x, prim in ((d.inputs[0], "mul"), (d.inputs[1], d.prim)):
+            if self._full(x):
+                if prim == "div":  # (a full-size divisor stays in the sum)
+                    return [v], []
+                f, r = self._factors(x, out)
+                fulls, rows = fulls + f, rows + r
+                continue
+            row = self._row_source(x, out) if isinstance(x, ir.Const) or self.layout.of(x).storage in (ROW, SCALAR) else None
+            if row is None:
+                return [v], []
+            rows.append((prim, row))
+        return fulls, rows
+
+    def _rewrite_scaled(self, op: ir.Op, fulls: list[ir.Value], rows: list[tuple[str, ir.Atom]]):
+        """sum(g * e) for the full-size factors (e an online exponential, g the others' product),
+        then times and over the row factors in their order; the last op defines the sum's output."""
+        out = op.outputs[0]
+        e = next(v for v in fulls if v.id in self.online_exps)
+        operand = e
+        for g in (v for v in fulls if v is not e):
+            operand = self.emit("mul", (g, operand), operand)
+        key = self._key("reduce_sum", operand, op)
+        acc = self.reductions.get(key)
+        if acc is None:
+            acc = self.emit("reduce_sum", (operand,), out, dict(op.params))
+            self.reductions[key] = acc
+        for i, (prim, row) in enumerate(rows):
+            acc = self.emit(prim, (acc, row), out, out=out if i == len(rows) - 1 else None)
         self.changed += 1
 
     def _pilot(self, src: ir.Value, out: ir.Value, axes) -> tuple[ir.Value, ir.Value]:
