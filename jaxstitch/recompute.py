@@ -15,6 +15,7 @@ from typing import Callable
 
 from . import ir, ops as opdefs
 from .partition import Partition, Region
+from .plan import positions
 
 MAX_CHAIN_OPS = 8      # ops recomputed for one input
 MAX_BYTES_RATIO = 0.75  # the leaves' new bytes against the input's, at most
@@ -25,7 +26,24 @@ def recompute_cheap_inputs(graph: ir.Graph, part: Partition, fits: Callable[[Reg
     hidden = {o for r in part.regions for op in r.ops for o in op.outputs} - \
         {o for r in part.regions for o in r.outputs}
     regions = tuple(_adopt_chains(r, producer, hidden, fits) for r in part.regions)
-    return dataclasses.replace(part, regions=_export_leaves(regions))
+    return dataclasses.replace(part, regions=_drop_unread(graph, _export_leaves(regions), producer))
+
+
+def _drop_unread(graph: ir.Graph, regions: tuple[Region, ...], producer: dict) -> tuple[Region, ...]:
+    """Region outputs computed from positions alone (a causal mask broadcast over the attention
+    scores) that no region input, op outside the regions or program output reads any more (their
+    readers recompute them) are not written. (Any other value stays an output: a reader's region,
+    if XLA runs it after all, reads its recomputed ops' results from their owner.) The stitcher
+    computes such a value again wherever an op left to XLA still needs it (stitcher.make_runner)."""
+    inside = {op.index for r in regions for op in r.ops if op.index not in r.recomputed}
+    read = {v for r in regions for v in r.inputs}
+    read |= {a for op in graph.ops if op.index not in inside for a in op.inputs if isinstance(a, ir.Value)}
+    read |= {v for v in graph.outputs if isinstance(v, ir.Value)}
+    out = []
+    for r in regions:
+        kept = tuple(o for o in r.outputs if o in read or not positions.positional(o, producer))
+        out.append(dataclasses.replace(r, outputs=kept) if kept and len(kept) < len(r.outputs) else r)
+    return tuple(out)
 
 
 def _export_leaves(regions: tuple[Region, ...]) -> tuple[Region, ...]:
@@ -47,7 +65,9 @@ def _cheap(op: ir.Op) -> bool:
 
 def _chain(v: ir.Value, producer: dict, own: set[int], read: set[ir.Value]) -> list[ir.Op]:
     """The cheap ops that make `v` from narrower values: an operand is expanded while it is as large
-    and as wide as `v`, not read by the region already, and the chain has room; the rest are read."""
+    and as wide as `v`, not read by the region already, and the chain has room; the rest are read.
+    An operand computed from positions alone (a causal mask, plan/positions.py) is taken in whole,
+    whatever its size: it reads nothing, and its producer need not write it."""
     chain: dict[int, ir.Op] = {}
     stack = [v]
     while stack:
@@ -58,8 +78,13 @@ def _chain(v: ir.Value, producer: dict, own: set[int], read: set[ir.Value]) -> l
         if len(chain) == MAX_CHAIN_OPS:
             break
         chain[op.index] = op
-        stack += [a for a in op.inputs if isinstance(a, ir.Value) and a not in read
-                  and a.size >= v.size and a.itemsize >= v.itemsize]
+        for a in op.inputs:
+            if not isinstance(a, ir.Value) or a in read:
+                continue
+            if a.shape and positions.positional(a, producer):
+                chain.update((c.index, c) for c in positions.cone(a, producer) if c.index not in own)
+            elif a.size >= v.size and a.itemsize >= v.itemsize:
+                stack.append(a)
     return sorted(chain.values(), key=lambda op: op.index)
 
 

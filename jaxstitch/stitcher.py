@@ -15,6 +15,7 @@ from .kernels import ffi
 from .lowering.codegen import KERNEL_NAME
 from .lowering.primitive import Launch, stitch
 from .pipeline import Compiled, Program
+from .plan import positions
 from .targets import Target
 
 log = logging.getLogger("jaxstitch")
@@ -129,13 +130,22 @@ def make_runner(program: Program, context: Context, donated: frozenset[int] = fr
     eqns = {i: _with_stitched_bodies(traced.eqns[i], program, i, context)
             for (kind, i), _ in schedule if kind == "e"}
 
+    producer = {o.id: op for op in traced.graph.ops for o in op.outputs}
+
     def run(*flat_args):
         env = dict(traced.consts)
         for v, a in zip(traced.graph.inputs, flat_args):
             env[v.id] = a
 
         def read(a):
-            return trace_mod.const_array(a) if isinstance(a, ir.Const) else env[a.id]
+            if isinstance(a, ir.Const):
+                return trace_mod.const_array(a)
+            if a.id not in env and positions.positional(a, producer):
+                # (a mask computed from positions alone, which no kernel wrote: recompute.py)
+                for op in positions.cone(a, producer):
+                    outs = trace_mod.bind_eqn(traced.eqns[op.index], [read(x) for x in op.inputs])
+                    env.update((v.id, o) for v, o in zip(op.outputs, outs))
+            return env[a.id]
 
         for (kind, idx), _ in schedule:
             if kind == "e":

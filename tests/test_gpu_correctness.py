@@ -30,7 +30,7 @@ from jaxstitch.workloads import WORKLOADS
 from hypothesis import event
 
 from strategies import coarser, force_stitching, random_inputs, region_graphs
-from test_views import CASES as VIEW_CASES, SPREAD_CASES, _random as view_inputs
+from test_views import CASES as VIEW_CASES, POSITIONAL_CASES, SPREAD_CASES, _random as view_inputs, causal_attention_grad
 from test_scans import CASES as SCAN_CASES
 from test_variadic import CASES as VARIADIC_CASES
 from test_tile_transpose import CASES as TRANSPOSE_CASES
@@ -742,6 +742,29 @@ def test_inputs_spread_over_rows_match_xla(name, dtype):
     what, _, got, want = forced_case("spread", name, dtype, fun, lambda s: view_inputs(specs, s), {"mul"})
     for i, (a, c) in enumerate(zip(got, want)):
         compare(a, c, f"{what} output {i}")
+
+
+MASK_CASES = dict(POSITIONAL_CASES, attention_grad=(causal_attention_grad, (jax.ShapeDtypeStruct((3, 5, 72, 72), jnp.float32),
+                                                                          jax.ShapeDtypeStruct((3, 5, 72, 40), jnp.float32))))
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", sorted(MASK_CASES))
+def test_masks_from_positions_match_xla(name, dtype):
+    """Causal and sliding-window masks rebuilt at the scores' shape (plan/positions.py), forward and
+    (through attention's gradient) backward, forced, against jax.jit."""
+    fun, specs = MASK_CASES[name]
+    what, args, got, want = forced_case("positions", name, dtype, fun, lambda s: view_inputs(specs, s), {"exp", "mul"})
+    # (in bfloat16 jax.jit rounds every op of the chain, attention's products included: both are
+    # held to the float32 result of the same inputs, ours no further from it than jax.jit's)
+    exact = jax.tree.leaves(jax.jit(fun)(*[a.astype(jnp.float32) for a in args])) if dtype == "bfloat16" else None
+    for i, (a, c) in enumerate(zip(got, want)):
+        if exact is None:
+            compare(a, c, f"{what} output {i}")
+            continue
+        e = np.asarray(exact[i])
+        ours, theirs = (float(np.max(np.abs(np.asarray(x, np.float32) - e))) for x in (a, c))
+        assert ours <= theirs + 2 ** -8 * float(np.max(np.abs(e))), f"{what} output {i}: {ours} vs jax.jit's {theirs}"
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

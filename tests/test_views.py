@@ -13,7 +13,7 @@ import jaxstitch
 from jaxstitch import ir, partition as partition_mod, pipeline, trace as trace_mod
 from jaxstitch.plan import views
 from jaxstitch.plan.layout import Unplannable, place
-from strategies import assert_same_as_jax_jit, traced_values
+from strategies import assert_same_as_jax_jit, force_stitching, traced_values
 
 
 def rope(x, cos, sin):
@@ -128,6 +128,30 @@ SPREAD_CASES = {
 }
 
 
+def causal_softmax(x):  # GPT's attention: jnp.tril of ones (iotas compared), broadcast over b, h
+    s = x.shape[-1]
+    causal = jnp.tril(jnp.ones((s, s), bool))
+    return jax.nn.softmax(jnp.where(causal, x * 0.125, -1e9), axis=-1)
+
+
+def sliding_window_softmax(x):  # a band of the causal mask, from integer iotas
+    q = lax.broadcasted_iota(jnp.int32, x.shape[-2:], 0)
+    k = lax.broadcasted_iota(jnp.int32, x.shape[-2:], 1)
+    return jax.nn.softmax(jnp.where((q - k < 16) & (k <= q), x, -jnp.inf), axis=-1)
+
+
+def causal_softmax_fwdbwd(x, dy):
+    y, vjp = jax.vjp(causal_softmax, x)
+    return y, vjp(dy)[0]
+
+
+# Masks computed from positions (plan/positions.py): rebuilt at the scores' shape.
+POSITIONAL_CASES = {
+    "causal": (causal_softmax, (f32(3, 5, 40, 40),)),
+    "sliding_window": (sliding_window_softmax, (f32(2, 3, 70, 70),)),
+}
+
+
 def _random(specs, seed):
     rng = np.random.default_rng(seed)
     out = []
@@ -182,7 +206,8 @@ def _new_op(op, ins):
         return np.asarray(ins[0]).reshape(out.shape)
     if p == "convert_element_type":
         return np.asarray(ins[0]).astype(jnp.dtype(out.dtype))
-    fns = {"mul": np.multiply, "add": np.add, "lt": np.less, "ge": np.greater_equal, "and": np.logical_and,
+    fns = {"mul": np.multiply, "add": np.add, "sub": np.subtract, "lt": np.less, "le": np.less_equal,
+           "ge": np.greater_equal, "and": np.logical_and,
            "select_n": lambda pred, f, t: np.where(pred, t, f)}
     return fns[p](*[np.asarray(x) for x in ins])
 
@@ -304,6 +329,72 @@ def test_an_input_broadcast_over_some_row_axes_is_read_through_a_view(name):
         for got, v in zip(_evaluate_sunk(sunk, traced, env), region.outputs):
             np.testing.assert_allclose(got, env[v.id], rtol=1e-6, atol=1e-6, err_msg=f"{name}: value {v.id}")
     assert_same_as_jax_jit(fun, _random(specs, 3))
+
+
+@pytest.mark.parametrize("name", list(POSITIONAL_CASES))
+def test_a_mask_computed_from_positions_is_rebuilt_where_it_is_broadcast(name):
+    """The mask, the scale and the softmax are one region; after sink no (q, k) value is left (the
+    iotas count along the scores' own axes), the rewrite computes what the traced equations do, and
+    the region is one stitched kernel with jax.jit's results."""
+    fun, specs = POSITIONAL_CASES[name]
+    traced, part = _traced(fun, specs)
+    (region,) = part.regions
+    q_k = specs[0].shape[-2:]
+    assert any(v.shape == q_k for op in region.ops for v in op.outputs)
+    sunk = views.sink(region)
+    assert not any(v.shape == q_k for op in sunk.ops for v in op.outputs)
+    place(sunk)  # raises if not
+    for seed in range(2):
+        env = traced_values(traced, _random(specs, seed))
+        for got, v in zip(_evaluate_sunk(sunk, traced, env), region.outputs):
+            np.testing.assert_allclose(got, env[v.id], rtol=1e-6, atol=1e-7, err_msg=f"{name}: value {v.id}")
+    with force_stitching():  # (small: the cost model would leave it to XLA)
+        (r,) = jaxstitch.explain(fun, *specs, target="h100").regions
+    assert r.stitched and r.kernels == 1, r
+    assert_same_as_jax_jit(fun, _random(specs, 3))
+
+
+def causal_attention_grad(x, v):
+    """The gradient of causal attention's output with respect to its scores: the backward softmax
+    reads the broadcast mask, beyond the matrix products."""
+    return jax.grad(lambda x: jnp.sum(jnp.einsum("bhqk,bhkd->bhqd", causal_softmax(x), v) ** 2))(x)
+
+
+def test_a_backward_pass_computes_the_mask_again_rather_than_reading_it():
+    """The softmax backward reads the broadcast mask: it takes in the mask's ops (recompute.py), so
+    the forward region writes neither the (q, k) mask nor its broadcast, and both are stitched."""
+    specs = (f32(4, 6, 128, 128), f32(4, 6, 128, 64))
+    with force_stitching():  # (the backward alone: XLA's one kernel, which the cost model keeps)
+        program = pipeline.build(causal_attention_grad, list(specs), jax.tree_util.tree_structure((specs, {})),
+                                 jaxstitch.get_target("h100"), jaxstitch.config.load())
+    regions = [c for c in program.regions if any(op.prim in ("exp", "reduce_sum") for op in c.plan.region.ops)]
+    assert len(regions) == 2 and all(c.stitched for c in regions), [c.plan.reason for c in regions]
+    for c in regions:
+        r = c.plan.region
+        assert not any(v.dtype == "bool" or v.shape == (128, 128) for v in (*r.inputs, *r.outputs)), r.outputs
+    assert_same_as_jax_jit(causal_attention_grad, _random(specs, 0))
+
+
+def gpt_attention_grad(x, v):
+    """examples/gpt_train.py's attention (scale, causal mask, softmax in float32), differentiated."""
+    def attention(x):
+        s = x.shape[-1]
+        causal = jnp.tril(jnp.ones((s, s), bool))
+        scores = jnp.where(causal, (x / jnp.sqrt(64.0)).astype(jnp.float32), -1e9)
+        return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(scores, axis=-1), v)
+    return jax.grad(lambda x: jnp.sum(attention(x) ** 2))(x)
+
+
+def test_a_backward_left_to_xla_gets_the_mask_no_kernel_wrote():
+    """The forward region (scale, mask, softmax) is stitched and writes no mask; the backward, left
+    to XLA by the cost model, reads the broadcast mask, which the stitcher computes from positions
+    for it (stitcher.make_runner). Run here through the regions' XLA fallback: jax.jit's results."""
+    specs = (f32(4, 6, 128, 128), f32(4, 6, 128, 64))
+    report = jaxstitch.explain(gpt_attention_grad, *specs, target="h100")
+    assert [r.stitched for r in report.regions if len(r.ops) > 10] == [True, False], report
+    args = _random(specs, 1)
+    got, want = jaxstitch.jit(gpt_attention_grad, target="h100")(*args), jax.jit(gpt_attention_grad)(*args)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
 
 
 def test_a_softmax_region_cut_from_its_computed_mask_stays_with_xla():

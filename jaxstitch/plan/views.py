@@ -25,6 +25,7 @@ import math
 
 from .. import ir, ops as opdefs
 from ..partition import Region
+from . import positions
 from .layout import GATHER, Unplannable, row_space
 
 # GATHER, the op sink makes: outputs[0] = inputs[0] (an input) read through the params' `view`.
@@ -423,8 +424,10 @@ class _Sinker:
 
 def sink(region: Region) -> Region:
     """The region with every data-moving op pushed down to gathers of its inputs (unchanged when
-    it has none), and inputs broadcast over only some row axes read through views; raises
+    it has none), masks computed from positions rebuilt where they are broadcast (positions.py),
+    and inputs broadcast over only some row axes read through views; raises
     Unplannable when one cannot be."""
+    region = positions.expand(region)
     spread = _spread_inputs(region)
     if not spread and not any(op.prim in opdefs.VIEWS for op in region.ops):
         return region
