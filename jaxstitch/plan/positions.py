@@ -43,7 +43,8 @@ def positional(v: ir.Value, producer: dict, known: dict | None = None) -> bool:
         op = producer.get(v.id)
         known[v.id] = op is not None and (
             op.prim == "iota"
-            or (op.prim == "broadcast_in_dim" and (_of_scalar(op) or (_adds_axes(op) and positional(op.inputs[0], producer, known))))
+            or (op.prim == "broadcast_in_dim"
+                and (_of_scalar(op) or (_adds_axes(op) and positional(op.inputs[0], producer, known))))
             or (op.prim in opdefs.ELEMENTWISE and len(op.outputs) == 1
                 and all(isinstance(a, ir.Const) or (a.shape == v.shape and positional(a, producer, known))
                         for a in op.inputs)))
@@ -62,7 +63,7 @@ def _adds_axes(op: ir.Op) -> bool:
 
 
 def cone(v: ir.Value, producer: dict) -> list[ir.Op]:
-    """The ops computing positional `v` (positional), from the iotas and scalar broadcasts up."""
+    """The ops computing `v`, a positional value, from its iotas and scalar broadcasts up."""
     ops, stack = {}, [v]
     while stack:
         op = producer[stack.pop().id]
@@ -86,9 +87,9 @@ class _Rebuilder:
         """A broadcast_in_dim of a positional value of rank >= 2 that adds axes only (no size-1
         axis stretched: the value's iotas would then count along it). A vector's broadcast (a
         one-hot's column iota) is a column of the row space already."""
-        return op.prim == "broadcast_in_dim" and isinstance(op.inputs[0], ir.Value) and len(op.inputs[0].shape) >= 2 \
-            and _adds_axes(op) \
-            and self.positional(op.inputs[0])
+        if op.prim != "broadcast_in_dim" or not isinstance(op.inputs[0], ir.Value):
+            return False
+        return len(op.inputs[0].shape) >= 2 and _adds_axes(op) and self.positional(op.inputs[0])
 
     def positional(self, v: ir.Value) -> bool:
         return positional(v, self.producer, self.known)
