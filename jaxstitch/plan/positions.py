@@ -22,6 +22,9 @@ NEW = -1  # the index of an op this rewrite makes (it computes no traced op)
 def expand(region: Region) -> Region:
     """The region with every broadcast of a positional value replaced by that value rebuilt at the
     broadcast's shape (unchanged when it has none)."""
+    if not any(op.prim == "broadcast_in_dim" and isinstance(op.inputs[0], ir.Value) and len(op.inputs[0].shape) >= 2
+               for op in region.ops):
+        return region
     rw = _Rebuilder(region)
     ops, changed = [], False
     for op in region.ops:
