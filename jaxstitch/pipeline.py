@@ -288,24 +288,21 @@ class _Ends:
         stitched = [c.plan.region for c in regions if c.stitched]
         # values XLA does not fuse into (or out of) a neighbouring loop: program inputs, results of
         # compute-bound ops (library calls) and of our kernels
-        self.unfused = {v.id for v in graph.inputs}
+        self.program_inputs = frozenset(v.id for v in graph.inputs)
+        self.program_outputs = {v.id for v in graph.outputs if isinstance(v, ir.Value)}
+        self.unfused = set(self.program_inputs)
         self.unfused |= {o.id for op in graph.ops if op.prim in COMPUTE_BOUND for o in op.outputs}
         self.unfused |= {v.id for r in stitched for v in r.outputs}
         stitched_ops = {op.index for r in stitched for op in r.ops}
-        self.program_outputs = {v.id for v in graph.outputs if isinstance(v, ir.Value)}
-        self.program_inputs = frozenset(v.id for v in graph.inputs)
         self.readers: dict[int, set[int]] = {}  # value -> every op reading it
+        self.fusing_readers: dict[int, set[int]] = {}  # value -> ops XLA could fuse it into
         for op in graph.ops:
+            fusing = op.prim not in COMPUTE_BOUND and op.index not in stitched_ops
             for a in op.inputs:
                 if isinstance(a, ir.Value):
                     self.readers.setdefault(a.id, set()).add(op.index)
-        self.fusing_readers: dict[int, set[int]] = {}  # value -> ops XLA could fuse it into
-        for op in graph.ops:
-            if op.prim in COMPUTE_BOUND or op.index in stitched_ops:
-                continue
-            for a in op.inputs:
-                if isinstance(a, ir.Value):
-                    self.fusing_readers.setdefault(a.id, set()).add(op.index)
+                    if fusing:
+                        self.fusing_readers.setdefault(a.id, set()).add(op.index)
 
     def spent(self, members: list) -> frozenset[int]:
         """Inputs of the members that one member alone reads (and no program output is): another

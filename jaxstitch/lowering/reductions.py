@@ -111,7 +111,8 @@ def _online_accumulate(k: Kernel, w: Writer, op: ir.Op):
         k.each_element(inner, f"js_t += {exp_minus(x, 'js_sh')};")
         inner(f"{s} = {s} * {exp_minus(m, 'js_sh')} + js_t;")
     else:  # (sums of g * exp(x - max) beside it, rescaled by the same factor)
-        weights = [_value(k, ws.weight_id) for ws in pair.weighted]
+        values = ir.values_by_id(k.plan.region)  # (a region has a graph's inputs and ops)
+        weights = [values[ws.weight_id] for ws in pair.weighted]
         inner(" ".join(f"float js_t{j} = 0.0f;" for j in range(len(weights))))
         terms = " ".join(f"js_t{j} += (float){k.ref(g)} * js_e;" for j, g in enumerate(weights))
         k.each_element(inner, f"{{ const float js_e = {exp_minus(x, 'js_sh')}; js_t += js_e; {terms} }}")
@@ -122,12 +123,6 @@ def _online_accumulate(k: Kernel, w: Writer, op: ir.Op):
     inner(f"{m} = js_mn;")
     w.lines.extend(inner.lines)
     w("}")
-
-
-def _value(k: Kernel, vid: int) -> ir.Value:
-    op = k.producer.get(vid)
-    return next(o for o in op.outputs if o.id == vid) if op is not None else \
-        next(v for v in k.plan.region.inputs if v.id == vid)
 
 
 def _group_online(w: Writer, pair, width: int):
