@@ -30,6 +30,7 @@ from jaxstitch.workloads import WORKLOADS
 from hypothesis import event
 
 from strategies import coarser, force_stitching, random_inputs, region_graphs
+from test_diamonds import causal_softmax_bwd
 from test_views import CASES as VIEW_CASES, POSITIONAL_CASES, SPREAD_CASES, _random as view_inputs, causal_attention_grad
 from test_scans import CASES as SCAN_CASES
 from test_variadic import CASES as VARIADIC_CASES
@@ -745,7 +746,8 @@ def test_inputs_spread_over_rows_match_xla(name, dtype):
 
 
 MASK_CASES = dict(POSITIONAL_CASES, attention_grad=(causal_attention_grad, (jax.ShapeDtypeStruct((3, 5, 72, 72), jnp.float32),
-                                                                          jax.ShapeDtypeStruct((3, 5, 72, 40), jnp.float32))))
+                                                                          jax.ShapeDtypeStruct((3, 5, 72, 40), jnp.float32))),
+                  softmax_bwd_from_probs=(causal_softmax_bwd, (jax.ShapeDtypeStruct((3, 5, 72, 72), jnp.float32),) * 2))
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))

@@ -16,6 +16,11 @@ from .layout import COL, EPILOGUE, FULL, ROW, Layout
 OUR_EFFICIENCY = 0.9        # fraction of copy bandwidth a register-resident row kernel reaches
 XLA_ONE_PASS_EFFICIENCY = 0.85  # XLA's single-kernel row reductions (measured 75-88% on H200)
 XLA_EFFICIENCY = 0.85
+# A reduction XLA cannot fuse with the op reading its result back over the row (plan/diamonds.py)
+# ends its kernel there; the op's kernel reads the row's inputs again. Both kernels only stream: on
+# an H100 a softmax backward, 8x12x512x512 float32, took 165.9 us for five passes (two kernels),
+# 101% of the copy bandwidth (96-103% over three shapes, float32 and bfloat16).
+XLA_SPLIT_EFFICIENCY = 1.0
 # Stitch only when the estimate wins by at least this much. Forced stitching on an H200 (session 3
 # kernels), estimated -> measured: RMSNorm with residual, backward, 1.20x -> 1.17x (float32) and
 # 1.34x -> 1.18x (bfloat16); bias+GELU backward over 1k columns 1.35x -> 1.32x. (With session 2's
@@ -110,7 +115,7 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
              split_rounds: int = 0, gathered_bytes: int = 0, n_scans: int = 0,
              views_after_reduction: bool = False, gather_compute_ops: int = 0,
              xla_row_levels: int | None = None, passes: int | None = None,
-             integer_ops: int = 0) -> Estimate:
+             integer_ops: int = 0, xla_unfused: int = 0) -> Estimate:
     """`rereads`: phases after the first read their row inputs again from global memory (L2);
     `busy_sms`: the SMs our grid occupies (fewer than the target has when there are few rows);
     `split_rounds`: rounds of (row, slice) tasks when rows are split over blocks, each crossing a
@@ -126,7 +131,10 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     32000] float32), where one online pass and a second reduction made it look like one kernel;
     `gather_compute_ops`: set when the kernel reads full-size values through gathers, the region's
     ops that compute (per element of the row space; see GATHER_OPS_PER_SM_US); `integer_ops`: the
-    full-size integer ops an element (OUR_INT_OPS_PER_SM_US), which bound both sides."""
+    full-size integer ops an element (OUR_INT_OPS_PER_SM_US), which bound both sides;
+    `xla_unfused`: row reductions XLA runs apart from the ops reading their result back
+    (diamonds.unfused_reductions), each a kernel re-reading the row inputs where XLA would otherwise
+    run the region as one kernel."""
     bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
     io = [layout.of(v) for v in inputs] + [layout.of(v) for v in outputs]
     must_move = sum(_nbytes(p, layout) for p in io) + gathered_bytes
@@ -153,6 +161,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
         xla_kernels, xla_bytes, eff = 1, must_move, OUR_EFFICIENCY
     elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1 and views_after_reduction:
         xla_kernels, xla_bytes, eff = 2, must_move + full_in, XLA_EFFICIENCY
+    elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1 and xla_unfused:
+        xla_kernels, xla_bytes, eff = 1 + xla_unfused, must_move + xla_unfused * full_in, XLA_SPLIT_EFFICIENCY
     elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1:
         xla_kernels, xla_bytes, eff = 1, must_move, XLA_ONE_PASS_EFFICIENCY
     else:

@@ -58,7 +58,8 @@ class Tuning:
     `recompute`: 0 reads every input a region's neighbours write, never recomputing cheap producers
     (recompute.py); `variants`: 0 gives a shape family's long rows no split-row kernels for few rows
     (families.py's ladder); `split_rows`: the rows a forced split's stash is sized for, where a
-    family's variant runs (its samples have more)."""
+    family's variant runs (its samples have more); `diamonds`: 0 has the cost model take every row
+    reduction for fused by XLA with the ops reading it back (plan/diamonds.py)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -76,9 +77,10 @@ class Tuning:
     recompute: int = 1
     variants: int = 1
     split_rows: int | None = None
+    diamonds: int = 1
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
-              "stitch", "grid", "remote", "recompute", "variants", "split_rows")
+              "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":

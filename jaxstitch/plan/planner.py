@@ -6,7 +6,7 @@ import dataclasses
 from .. import ir, ops as opdefs
 from ..partition import Region
 from ..targets import Target
-from . import cost, mapping as mapping_mod, tile, views
+from . import cost, diamonds, mapping as mapping_mod, tile, views
 from .layout import COL, FULL, GATHER, MEMORY, Layout, Unplannable, place
 from .mapping import Mapping
 from .online import OnlineSum, find_online_sums, sum_ids
@@ -51,6 +51,8 @@ class KernelPlan:
     shifts: int = 0
     xla_levels: int | None = None
     passes: int = 1  # over the rows' elements (cost.chunk_passes)
+    # Row reductions XLA runs apart from the ops reading their result back (plan/diamonds.py).
+    xla_unfused: int = 0
 
     @property
     def stage_bytes(self) -> int:
@@ -206,7 +208,8 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         ws = offset * 4 if mp.cooperative else 0
         xla_levels = cost.reduction_levels(place(sunk, frozenset())) if online or shifts else None
         kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits), online,
-                            bool(tuning.fast_exp) and fast_exp(region), shifts, xla_levels, passes)
+                            bool(tuning.fast_exp) and fast_exp(region), shifts, xla_levels, passes,
+                            diamonds.unfused_reductions(original) if tuning.diamonds else 0)
     except Unplannable as e:
         return RegionPlan(original, None, None, str(e))
     busy_sms = min(target.sm_count, mp.grid)
@@ -232,7 +235,8 @@ def _estimate(kernel: KernelPlan, original: Region, target: Target) -> cost.Esti
                          n_scans=len(scans), views_after_reduction=_views_after_reduction(original),
                          gather_compute_ops=_computing_ops(region) if full_gathers else 0,
                          xla_row_levels=kernel.xla_levels,
-                         passes=kernel.passes, integer_ops=_integer_ops(region, layout))
+                         passes=kernel.passes, integer_ops=_integer_ops(region, layout),
+                         xla_unfused=kernel.xla_unfused)
 
 
 def _fewer_passes(region: Region, online, layout: Layout, tuning: mapping_mod.Tuning):
