@@ -197,6 +197,18 @@ def rmsnorm_rope_fwdbwd(x, w, cos, sin, dy):
     return out, dx, dw
 
 
+def causal_softmax_bwd(probs, dprobs, head_dim=64):
+    """Causal attention's softmax backward from the saved probabilities ([batch x heads, q, k]):
+    `p * (dp - sum(dp * p))`, masked again and scaled by 1/sqrt(head_dim), as a GPT's attention
+    gradient runs it between its two matrix products. XLA runs it as two kernels: its reduction
+    does not fuse with the ops reading the sum back (plan/diamonds.py). Returns probs.dtype."""
+    s = probs.shape[-1]
+    causal = jnp.tril(jnp.ones((s, s), bool))
+    p, dp = probs.astype(F32), dprobs.astype(F32)
+    ds = p * (dp - jnp.sum(dp * p, axis=-1, keepdims=True))
+    return (jnp.where(causal, ds, 0.0) / jnp.sqrt(jnp.float32(head_dim))).astype(probs.dtype)
+
+
 def xent_fwdbwd(logits, labels):
     loss, dlogits = jax.value_and_grad(cross_entropy)(logits, labels)
     return loss, dlogits
@@ -299,6 +311,16 @@ def _rows_inputs(key, dtype, n, c, count=1):
     return tuple(_normal(k, (n, c), dtype) for k in jax.random.split(key, count))
 
 
+def _causal_probs_inputs(key, dtype, bh, q, k):
+    """Softmax probabilities of random scores ([bh, q, k], q == k) and their gradient. Unmasked, so
+    no input is zero and the mask has entries above the diagonal to clear."""
+    if q != k:
+        raise ValueError(f"attention_softmax_bwd: a causal mask is square, got q={q}, k={k}")
+    ks, kd = jax.random.split(key)
+    probs = jax.nn.softmax(_normal(ks, (bh, q, k), F32, 2.0), axis=-1)
+    return probs.astype(dtype), _normal(kd, (bh, q, k), dtype)
+
+
 def _sorted_logits_inputs(key, dtype, n, v):
     """Logits sorted in descending order along each row, as a sampler hands them to the filter."""
     return (-jnp.sort(-_normal(key, (n, v), F32, 2.0), axis=-1).astype(dtype),)
@@ -348,8 +370,8 @@ def _adamw_inputs(key, dtype, layers, hidden, vocab):
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """A benchmark case. `full_shape` / `quick_shape` are the main [rows, cols] array's shape (the
-    attention's [batch, steps, features]; the optimizer's model size); `draw(key, dtype, *shape)`
-    draws the inputs for any such shape."""
+    attentions' [batch, steps, features] and [batch x heads, q, k]; the optimizer's model size);
+    `draw(key, dtype, *shape)` draws the inputs for any such shape."""
     name: str
     fn: Callable
     draw: Callable
@@ -406,6 +428,10 @@ _SUITE = (
     # A variadic reduce: mixture-of-experts top-1 routing of 1M tokens over 64 experts (the top
     # expert with its logit, the gate, the load-balancing loss's column means).
     _workload("moe_router", moe_router, _rows_inputs, (1 << 20, 64), (4096, 64)),
+    # Attention's softmax backward between its matrix products, GPT-2-small-like (8 sequences x 12
+    # heads of 512 tokens): the one part of attention's gradient a reduction ends XLA's kernel in.
+    _workload("attention_softmax_bwd", causal_softmax_bwd, _causal_probs_inputs, (96, 512, 512),
+              (12, 128, 128)),
 )
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _SUITE}
