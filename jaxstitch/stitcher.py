@@ -16,6 +16,7 @@ from .lowering.codegen import KERNEL_NAME
 from .lowering.primitive import Launch, stitch
 from .pipeline import Compiled, Program
 from .plan import positions
+from .plan.remote import RemotePlan
 from .targets import Target
 
 log = logging.getLogger("jaxstitch")
@@ -54,8 +55,10 @@ def _aliases(c: Compiled, poison: bool, donated: frozenset[int]) -> tuple[tuple[
     results before the launch, over the arguments they share."""
     if poison:
         return ()
+    if not isinstance(c.plan.kernel, RemotePlan):  # (only a remote kernel writes over its inputs)
+        return ()
     r = c.plan.region
-    return tuple((i, o) for i, o in getattr(c.plan.kernel, "aliases", ()) if r.inputs[i].id in donated)
+    return tuple((i, o) for i, o in c.plan.kernel.aliases if r.inputs[i].id in donated)
 
 
 def _buffers(c: Compiled) -> int:

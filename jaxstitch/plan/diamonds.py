@@ -123,7 +123,9 @@ class _Graph:
 
     def diamond_reductions(self, root: ir.Op) -> list[ir.Op]:
         """The row reductions `root` closes a diamond over (at most one a side)."""
-        if root.prim not in opdefs.BINARY or len(root.inputs) != 2 or not all(isinstance(a, ir.Value) for a in root.inputs):
+        if root.prim not in opdefs.BINARY or len(root.inputs) != 2:
+            return []
+        if not all(isinstance(a, ir.Value) for a in root.inputs):
             return []
         sides = [(root.inputs[0], root.inputs[1])]
         if root.prim in _COMMUTATIVE:
@@ -134,16 +136,22 @@ class _Graph:
             red = None if spread is None else self._up_to(spread, opdefs.is_row_reduction)
             if red is None or self.users.get(red.outputs[0].id, 0) != 1:
                 continue
-            producer = red.inputs[0]
-            while isinstance(producer, ir.Value) and producer.id in self.producer and self._trivial(self.producer[producer.id]):
-                producer = self._operand(self.producer[producer.id])
-            if first != producer and (self.users.get(first.id, 0) != 1 or self._up_to(first, lambda op: producer in op.outputs) is None):
-                continue
-            found.append(red)
+            producer = self._producer(red)
+            if first == producer or (self.users.get(first.id, 0) == 1
+                                     and self._up_to(first, lambda op: producer in op.outputs) is not None):
+                found.append(red)
         return found
 
+    def _producer(self, red: ir.Op) -> ir.Atom:
+        """What the reduction reads, above the trivial ops in between: the diamond's other tip."""
+        a = red.inputs[0]
+        while isinstance(a, ir.Value) and a.id in self.producer and self._trivial(self.producer[a.id]):
+            a = self._operand(self.producer[a.id])
+        return a
+
     def broadcast_back(self, red: ir.Op) -> bool:
-        """Whether the reduction's result reaches a broadcast back over the row, through per-row ops."""
+        """Whether the reduction's result reaches an op spreading it over the row (a broadcast, or a
+        binary op with a full-size operand), through per-row ops."""
         todo, seen = [red.outputs[0]], set()
         while todo:
             v = todo.pop()
@@ -151,16 +159,17 @@ class _Graph:
                 continue
             seen.add(v.id)
             for op in self.readers.get(v.id, ()):
-                if _widening(op) or any(o.size > v.size for o in op.outputs):
+                if any(o.size > v.size for o in op.outputs):
                     return True
                 if not opdefs.is_row_reduction(op) and not opdefs.is_grid_reduction(op):
-                    todo.extend(o for o in op.outputs if o.size <= v.size)
+                    todo.extend(op.outputs)
         return False
 
 
 def _widening(op: ir.Op) -> bool:
     """A broadcast that adds elements (a row's value spread over the row), not only unit axes."""
-    return op.prim == "broadcast_in_dim" and isinstance(op.inputs[0], ir.Value) and op.outputs[0].size > op.inputs[0].size
+    return (op.prim == "broadcast_in_dim" and isinstance(op.inputs[0], ir.Value)
+            and op.outputs[0].size > op.inputs[0].size)
 
 
 def _bitcast(op: ir.Op) -> bool:

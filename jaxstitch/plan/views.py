@@ -446,6 +446,8 @@ def _spread_inputs(region: Region) -> frozenset[int]:
     odd = {v.id for v in region.inputs if v.size not in (1, n, c, n * c)}
     if not odd:
         return frozenset()
+    def spreads(op: ir.Op, a: ir.Value) -> bool:
+        return op.prim == "broadcast_in_dim" or (op.prim in opdefs.ELEMENTWISE and a.shape != op.outputs[0].shape)
+
     return frozenset(a.id for op in region.ops for a in op.inputs
-                     if isinstance(a, ir.Value) and a.id in odd
-                     and (op.prim == "broadcast_in_dim" or (op.prim in opdefs.ELEMENTWISE and a.shape != op.outputs[0].shape)))
+                     if isinstance(a, ir.Value) and a.id in odd and spreads(op, a))
