@@ -6,8 +6,6 @@ kernels that take the most time, grouped by name.
 """
 import argparse
 import collections
-import dataclasses
-import importlib
 import os
 import sys
 
@@ -18,6 +16,7 @@ from device_time import GPU_EVENTS, gpu_events  # noqa: E402  (first: torch's CU
 import jax  # noqa: E402
 
 import jaxstitch  # noqa: E402
+from example_models import load_example, model_arguments  # noqa: E402
 
 
 def profile(f, graphdef, state, batch):
@@ -50,21 +49,6 @@ def print_gaps(gpu, host, top):
     print("  host CUDA calls:")
     for name, (dur, n) in sorted(calls.items(), key=lambda kv: -kv[1][1])[:top]:
         print(f"  {dur:9.0f} us {n:5d}x  {name}")
-
-
-def model_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--model", default="bert", choices=["bert", "gpt", "dien"])
-    p.add_argument("--dtype", default=None, help="bert and gpt: activations' dtype")
-    return p
-
-
-def load_example(args):
-    """(example module, init, batch) for the --model and --dtype asked for, seed 0."""
-    example = importlib.import_module(f"{args.model}_train")
-    c = example.Config()
-    if args.dtype:
-        c = dataclasses.replace(c, dtype=args.dtype)
-    return example, example.make_init(c, 0), example.make_batches(c, 0)
 
 
 def main():

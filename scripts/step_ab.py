@@ -17,7 +17,7 @@ import jax  # noqa: E402
 
 import jaxstitch  # noqa: E402
 from jaxstitch import bench  # noqa: E402
-from profile_step import load_example, model_arguments  # noqa: E402
+from example_models import load_example, model_arguments  # noqa: E402
 
 
 def main():
