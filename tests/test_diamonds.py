@@ -7,6 +7,7 @@ import pytest
 import jaxstitch
 from jaxstitch import partition as partition_mod, pipeline, trace as trace_mod
 from jaxstitch.plan import diamonds
+from jaxstitch.workloads import causal_softmax_bwd  # GPT's: masked again and scaled
 from test_views import causal_softmax
 
 
@@ -17,12 +18,6 @@ def f32(*shape):
 def softmax_bwd(y, dy):
     """A softmax's backward from its saved probabilities, as attention's gradient runs it."""
     return y * (dy - jnp.sum(dy * y, axis=-1, keepdims=True))
-
-
-def causal_softmax_bwd(y, dy):
-    """GPT's: masked again and scaled (examples/gpt_train.py's attention, differentiated)."""
-    s = y.shape[-1]
-    return jnp.where(jnp.tril(jnp.ones((s, s), bool)), softmax_bwd(y, dy), 0.0) / 8.0
 
 
 def layernorm(x):

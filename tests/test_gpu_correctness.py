@@ -26,11 +26,10 @@ from hypothesis import HealthCheck, given, settings
 import jaxstitch
 from jaxstitch.kernels import ffi
 from jaxstitch.ops import ELEMENTWISE, VIEWS
-from jaxstitch.workloads import WORKLOADS
+from jaxstitch.workloads import WORKLOADS, causal_softmax_bwd
 from hypothesis import event
 
 from strategies import coarser, force_stitching, random_inputs, region_graphs
-from test_diamonds import causal_softmax_bwd
 from test_views import CASES as VIEW_CASES, POSITIONAL_CASES, SPREAD_CASES, _random as view_inputs, causal_attention_grad
 from test_scans import CASES as SCAN_CASES
 from test_variadic import CASES as VARIADIC_CASES

@@ -12,8 +12,8 @@ runs it as two kernels, measured on an H100 at 1.6x our one kernel's time (8x12x
 scripts/softmax_probe.py), where the cost model took it for one kernel.
 
 Where this reading of the rule is unsure it counts the reduction as fused, so the estimate stays on
-XLA's side: commutative roots are taken with the broadcast on either side, and reductions over
-several trailing axes are taken as XLA's one.
+XLA's side: commutative roots are taken with the broadcast on either side, and a reduction over
+several trailing axes is matched as one over the last axis (which XLA may first make it).
 """
 from __future__ import annotations
 

@@ -446,6 +446,7 @@ def _spread_inputs(region: Region) -> frozenset[int]:
     odd = {v.id for v in region.inputs if v.size not in (1, n, c, n * c)}
     if not odd:
         return frozenset()
+
     def spreads(op: ir.Op, a: ir.Value) -> bool:
         return op.prim == "broadcast_in_dim" or (op.prim in opdefs.ELEMENTWISE and a.shape != op.outputs[0].shape)
 
