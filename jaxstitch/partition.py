@@ -272,7 +272,11 @@ def _merge_across_views(graph, consumers: dict[int, set[int]], nodes: Nodes, reg
     (plan/views.py). First each group of regions connected through such links (a rotary embedding
     with its norm and its gradient), whole; then, where a group is not one kernel, pairs. Regions
     holding a grid reduction are not merged into their readers (its result exists only at their
-    kernel's end)."""
+    kernel's end). A merged set of ops that did not fit one kernel never will (`fits` looks at the
+    ops alone), so each such set is tried once: the pairs are retried after every merge elsewhere,
+    as a merge may remove the outside path that kept a pair apart."""
+    unfit: set[frozenset[int]] = set()
+
     def links():
         made_by = {o.id: root for root, rops in region_ops.items() for op in rops for o in op.outputs}
         moving = {root for root, rops in region_ops.items() if any(op.prim in opdefs.VIEWS for op in rops)}
@@ -286,7 +290,11 @@ def _merge_across_views(graph, consumers: dict[int, set[int]], nodes: Nodes, reg
 
     def merge(members) -> bool:
         merged = sorted((op for m in members for op in region_ops[m]), key=lambda op: op.index)
-        if not nodes.can_merge_all(members) or not fits(_make_region(graph, -1, merged, consumers)):
+        key = frozenset(op.index for op in merged)
+        if key in unfit or not nodes.can_merge_all(members):
+            return False
+        if not fits(_make_region(graph, -1, merged, consumers)):
+            unfit.add(key)
             return False
         for m in members:
             del region_ops[m]
