@@ -152,7 +152,7 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
             others = [p for p in producers if p != r]
             if nodes.reaches(others, r):
                 continue
-            if fits is not None and not _still_fits(graph, consumers, region_ops, shapes, r, joined, op, fits):
+            if fits is not None and not _still_fits(consumers, region_ops, shapes, r, joined, op, fits):
                 if op.prim not in opdefs.VIEWS:  # (a data move no kernel of ours holds: XLA's own too)
                     cut.append((frozenset(o.index for o in region_ops[r]), op.index))
                 continue
@@ -181,9 +181,9 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
     if fits is not None and not cuts.at_reduced:
         if cuts.at_grid:  # column reductions merge with each other, not with row work
             fits = _grid_apart(fits)
-        _merge_siblings(graph, consumers, nodes, region_ops, fits)
-        _merge_across_views(graph, consumers, nodes, region_ops, fits)
-    return Partition(_collect(graph, consumers, region_ops, cut), tuple(unsupported))
+        _merge_siblings(consumers, nodes, region_ops, fits)
+        _merge_across_views(consumers, nodes, region_ops, fits)
+    return Partition(_collect(consumers, region_ops, cut), tuple(unsupported))
 
 
 def resized(part: Partition, graph: ir.Graph) -> Partition:
@@ -223,7 +223,7 @@ def _shapes(op: ir.Op) -> set[tuple[int, ...]]:
     return {tuple(v.shape) for v in (*op.inputs, *op.outputs) if isinstance(v, ir.Value) and v.shape}
 
 
-def _still_fits(graph, consumers, region_ops, shapes, r, joined, op, fits) -> bool:
+def _still_fits(consumers, region_ops, shapes, r, joined, op, fits) -> bool:
     """Whether region `r` (with `joined`, the region the op already merges) stays one kernel with `op`
     added. A region grows through a shared scalar into chains of other shapes (an optimizer's
     bias corrections reach every parameter's update), or through a reduction into rows of another
@@ -234,10 +234,10 @@ def _still_fits(graph, consumers, region_ops, shapes, r, joined, op, fits) -> bo
     if op.prim in opdefs.ELEMENTWISE and new <= shapes.get(r, set()):
         return True
     rops = region_ops[r] + (region_ops[joined] if joined is not None else []) + [op]
-    return fits(_make_region(graph, -1, sorted(rops, key=lambda o: o.index), consumers))
+    return fits(_make_region(-1, sorted(rops, key=lambda o: o.index), consumers))
 
 
-def _merge_siblings(graph, consumers: dict[int, set[int]], nodes: Nodes, region_ops: dict, fits):
+def _merge_siblings(consumers: dict[int, set[int]], nodes: Nodes, region_ops: dict, fits):
     """Merge regions that read a common input and do not depend on each other (one pass over inputs).
     A common scalar is no reason to merge: reading it twice costs nothing (and an optimizer's step
     count, read by every parameter's update, would pair hundreds of regions)."""
@@ -257,14 +257,14 @@ def _merge_siblings(graph, consumers: dict[int, set[int]], nodes: Nodes, region_
                 if nodes.reaches([a], b) or nodes.reaches([b], a):
                     continue
                 merged = sorted(region_ops[a] + region_ops[b], key=lambda op: op.index)
-                if not fits(_make_region(graph, -1, merged, consumers)):
+                if not fits(_make_region(-1, merged, consumers)):
                     continue
                 del region_ops[a], region_ops[b]
                 root = nodes.union(a, b)
                 region_ops[root] = merged
 
 
-def _merge_across_views(graph, consumers: dict[int, set[int]], nodes: Nodes, region_ops: dict, fits):
+def _merge_across_views(consumers: dict[int, set[int]], nodes: Nodes, region_ops: dict, fits):
     """Merge regions linked through a data-moving op. Greedy growth cannot take `x[..., :h]` into the
     region that made x: alone, the slice's result has a shape of its own. Its consumers bring the
     data back to the row space (a rotary embedding's concatenate; a gradient's pad), so the regions
@@ -293,7 +293,7 @@ def _merge_across_views(graph, consumers: dict[int, set[int]], nodes: Nodes, reg
         key = frozenset(op.index for op in merged)
         if key in unfit or not nodes.can_merge_all(members):
             return False
-        if not fits(_make_region(graph, -1, merged, consumers)):
+        if not fits(_make_region(-1, merged, consumers)):
             unfit.add(key)
             return False
         for m in members:
@@ -317,32 +317,38 @@ def _merge_across_views(graph, consumers: dict[int, set[int]], nodes: Nodes, reg
         changed = any(merge([src, root]) for src, root in links())
 
 
+# The program's results count as read by an op no region holds.
+PROGRAM_OUTPUT = -1
+
+
 def _consumers(graph: ir.Graph) -> dict[int, set[int]]:
+    """The ops reading each value, by index (PROGRAM_OUTPUT for the program's results)."""
     out: dict[int, set[int]] = {}
     for op in graph.ops:
         for a in op.inputs:
             if isinstance(a, ir.Value):
                 out.setdefault(a.id, set()).add(op.index)
+    for a in graph.outputs:
+        if isinstance(a, ir.Value):
+            out.setdefault(a.id, set()).add(PROGRAM_OUTPUT)
     return out
 
 
-def _make_region(graph: ir.Graph, rid: int, rops: list[ir.Op], consumers: dict[int, set[int]],
+def _make_region(rid: int, rops: list[ir.Op], consumers: dict[int, set[int]],
                  cut: bool = False) -> Region:
     members = {op.index for op in rops}
     produced = {o.id for op in rops for o in op.outputs}
-    graph_out = {a.id for a in graph.outputs if isinstance(a, ir.Value)}
     inputs, seen = [], set()
     for op in rops:
         for a in op.inputs:
             if isinstance(a, ir.Value) and a.id not in produced and a.id not in seen:
                 seen.add(a.id)
                 inputs.append(a)
-    outputs = [o for op in rops for o in op.outputs
-               if o.id in graph_out or any(c not in members for c in consumers.get(o.id, ()))]
+    outputs = [o for op in rops for o in op.outputs if any(c not in members for c in consumers.get(o.id, ()))]
     return Region(rid, tuple(rops), tuple(inputs), tuple(outputs), cut)
 
 
-def _collect(graph: ir.Graph, consumers: dict[int, set[int]], region_ops: dict,
+def _collect(consumers: dict[int, set[int]], region_ops: dict,
              cut: list[tuple[frozenset[int], int]]) -> tuple[Region, ...]:
     """The regions in program order; a region is cut where it holds a refusing region's ops or a
     refused op but not both (merged later, they are one kernel after all)."""
@@ -351,6 +357,6 @@ def _collect(graph: ir.Graph, consumers: dict[int, set[int]], region_ops: dict,
     def is_cut(members: set[int]) -> bool:
         return any((bool(ops & members) or op in members) and not (ops <= members and op in members)
                    for ops, op in cut)
-    return tuple(_make_region(graph, i, sorted(rops, key=lambda op: op.index), consumers,
+    return tuple(_make_region(i, sorted(rops, key=lambda op: op.index), consumers,
                               is_cut({op.index for op in rops}))
                  for i, rops in enumerate(ordered))
