@@ -44,15 +44,26 @@ class Partition:
 
 
 class Nodes:
-    """The condensed graph: regions (union-find roots) and single left-over ops, with their deps."""
+    """The condensed graph: regions (union-find roots) and single left-over ops, with their deps
+    and, the other way, their users (for searching from both ends, see reaches)."""
 
     def __init__(self):
         self.parent: dict = {}
         self.deps: dict = {}
+        self.users: dict = {}
 
     def add(self, node):
         self.parent[node] = node
         self.deps[node] = set()
+        self.users[node] = set()
+
+    def depend(self, node, producers) -> None:
+        """Record that `node` reads what `producers` make."""
+        self.deps[node] |= set(producers)
+        for p in producers:
+            p = self.find(p)
+            if p != node:
+                self.users[p].add(node)
 
     def find(self, x):
         while self.parent[x] != x:
@@ -65,20 +76,35 @@ class Nodes:
         if a != b:
             self.parent[b] = a
             self.deps[a] = {self.find(d) for d in self.deps[a] | self.deps.pop(b)} - {a}
+            self.users[a] = {self.find(u) for u in self.users[a] | self.users.pop(b)} - {a}
         return a
 
     def reaches(self, start_nodes, target) -> bool:
-        """Is `target` among the (transitive) dependencies of any of `start_nodes`, themselves included?"""
+        """Is `target` among the (transitive) dependencies of any of `start_nodes`, themselves
+        included? Searched from both ends, a node a side in turn, until the sides meet or one runs
+        out: about twice the smaller side's cost. An op's producers late in a program have most of
+        it above them; the region it may join has few readers yet."""
         target = self.find(target)
-        stack, seen = [self.find(s) for s in start_nodes], set()
-        while stack:
-            n = stack.pop()
-            if n == target:
-                return True
-            if n in seen:
-                continue
-            seen.add(n)
-            stack.extend(self.find(d) for d in self.deps[n])
+        up = {self.find(s) for s in start_nodes}
+        if target in up:
+            return True
+        down = {target}
+        up_todo, down_todo = list(up), [target]
+        while up_todo and down_todo:
+            for d in self.deps[up_todo.pop()]:
+                d = self.find(d)
+                if d in down:
+                    return True
+                if d not in up:
+                    up.add(d)
+                    up_todo.append(d)
+            for u in self.users[down_todo.pop()]:
+                u = self.find(u)
+                if u in up:
+                    return True
+                if u not in down:
+                    down.add(u)
+                    down_todo.append(u)
         return False
 
     def can_merge_all(self, members) -> bool:
@@ -123,7 +149,7 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
             unsupported.append((op.index, reason))
             node = ("op", op.index)
             nodes.add(node)
-            nodes.deps[node] = producers
+            nodes.depend(node, producers)
             for o in op.outputs:
                 node_of_value[o.id] = node
             continue
@@ -170,7 +196,7 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
             region_ops[joined] = []
         region_ops[joined].append(op)
         shapes.setdefault(joined, set()).update(_shapes(op))
-        nodes.deps[joined] |= {p for p in producers if p != joined}
+        nodes.depend(joined, {p for p in producers if p != joined})
         for o in op.outputs:
             node_of_value[o.id] = joined
             if is_epi:

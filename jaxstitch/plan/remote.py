@@ -123,8 +123,8 @@ def _region_graph(graph: ir.Graph, regions: tuple[Region, ...]) -> Nodes:
         n = node.get(op.index, ("e", op.index))
         if n not in nodes.parent:
             nodes.add(n)
-        nodes.deps[n] |= {producer[a.id] for a in op.inputs
-                          if isinstance(a, ir.Value) and a.id in producer and producer[a.id] != n}
+        nodes.depend(n, {producer[a.id] for a in op.inputs
+                         if isinstance(a, ir.Value) and a.id in producer and producer[a.id] != n})
         for o in op.outputs:
             producer[o.id] = n
     return nodes
