@@ -94,25 +94,25 @@ def main():
 
     print(f"{args.model} {args.dtype or 'float32'} on {target.name}: per region kind, us a call"
           + ("" if TIMING else " (estimates only: no GPU)"))
-    print("| n | where | stitched | ops | XLA est. | ours est. | jax.jit | forced | measured / est. ratio |")
-    print("|---:|---|---|---|---:|---:|---:|---:|---|")
+    print("| n | where | stitched | ops | XLA est. | ours est. | jax.jit | forced | measured / est. ratio "
+          "| max rel err |")
+    print("|---:|---|---|---|---:|---:|---:|---:|---|---:|")
     for group in ranked:
         where, traced, c = group[0]
         est = c.plan.estimate
         fn = replay(traced, c.plan.region)
         x = inputs(c.plan.region, 0)
-        measured = ""
         if TIMING:
             xla_f = jax.jit(fn)
             with bench._tuned("min_gain_pct=0"):  # (read when the wrapper is made)
                 ours_f = jaxstitch.jit(fn)
-            assert bench.max_rel_err(ours_f(*x), xla_f(*x)) < 2e-2, where
+            err = bench.max_rel_err(ours_f(*x), xla_f(*x))  # (random inputs: NaN where both log a negative)
             us = [statistics.median(device_time.one_call(f, x)[0] for _ in range(args.calls))
                   for f in (xla_f, ours_f)]
-            measured = f"{us[0]:.1f} | {us[1]:.1f} | {us[0] / us[1]:.2f} / {est.speedup:.2f}"
+            measured = f"{us[0]:.1f} | {us[1]:.1f} | {us[0] / us[1]:.2f} / {est.speedup:.2f} | {err:.1e}"
         else:
             jax.block_until_ready(jax.jit(fn)(*x))
-            measured = "- | - | -"
+            measured = "- | - | - | -"
         ops = ",".join(sorted(set(op.prim for op in c.plan.region.ops)))[:60]
         print(f"| {len(group)} | {where or 'step'} | {c.stitched} | {ops} | {est.xla_us:.1f} | {est.us:.1f} "
               f"| {measured} |", flush=True)
