@@ -91,20 +91,20 @@ class Nodes:
         down = {target}
         up_todo, down_todo = list(up), [target]
         while up_todo and down_todo:
-            for d in self.deps[up_todo.pop()]:
-                d = self.find(d)
-                if d in down:
-                    return True
-                if d not in up:
-                    up.add(d)
-                    up_todo.append(d)
-            for u in self.users[down_todo.pop()]:
-                u = self.find(u)
-                if u in up:
-                    return True
-                if u not in down:
-                    down.add(u)
-                    down_todo.append(u)
+            if self._step(self.deps, up_todo, up, down) or self._step(self.users, down_todo, down, up):
+                return True
+        return False
+
+    def _step(self, edges: dict, todo: list, seen: set, other: set) -> bool:
+        """Visit the next node of one side of `reaches`' search along `edges`; whether it met the
+        other side."""
+        for n in edges[todo.pop()]:
+            n = self.find(n)
+            if n in other:
+                return True
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
         return False
 
     def can_merge_all(self, members) -> bool:
