@@ -13,7 +13,7 @@ from .ops import COMPUTE_BOUND
 from .plan import KernelPlan, RegionPlan, Unplannable, plan_region
 from .recompute import recompute_cheap_inputs
 from .plan.planner import min_gain
-from .plan import remote, tile, views
+from .plan import remote, scan as scan_mod, tile, views
 from .plan.layout import place
 from .targets import TARGETS, Target
 
@@ -242,9 +242,46 @@ def _complete(staged: Staged, target: Target, cfg: Config, bodies: bool = True) 
     regions = tuple(compile_region(r, target, cfg) for r in part.regions)
     if cfg.tuning.remote:
         regions = stitch_remote(traced.graph, regions, target, cfg)
+    scans = plan_scans(traced, 1 + max((c.plan.region.id for c in regions), default=0), target, cfg)
+    taken = {c.plan.region.ops[0].index for c in scans if c.stitched}
     planned = tuple((i, key, _build(_trace_body(closed), target, cfg))
-                    for i, e in enumerate(traced.eqns if bodies else ()) for key, closed in trace_mod.bodies(e))
-    return Program(traced, part, regions, target, planned)
+                    for i, e in enumerate(traced.eqns if bodies else ()) if i not in taken
+                    for key, closed in trace_mod.bodies(e))
+    return Program(traced, part, regions + scans, target, planned)
+
+
+def plan_scans(traced: trace_mod.Traced, first_id: int, target: Target, cfg: Config) -> tuple[Compiled, ...]:
+    """Each `lax.scan` of the program as one persistent kernel (plan/scan.py), or the reason it
+    stays an XLA loop (whose body is then planned on its own)."""
+    if not cfg.tuning.scans:
+        return ()
+    out = []
+    for op, eqn in zip(traced.graph.ops, traced.eqns):
+        if op.prim == "scan":
+            inputs = tuple(dict.fromkeys(a for a in op.inputs if isinstance(a, ir.Value)))
+            region = partition_mod.Region(first_id + len(out), (op,), inputs, tuple(op.outputs))
+            out.append(compile_scan(region, eqn, target, cfg))
+    return tuple(out)
+
+
+def compile_scan(region, eqn, target: Target, cfg: Config) -> Compiled:
+    def declined(why, kernel=None, est=None):
+        log.info("scan %d stays an XLA loop: %s", region.id, why)
+        return Compiled(RegionPlan(region, kernel, est, why), None, None, None, None)
+
+    body = trace_mod.scan_body(eqn)
+    if body is None:
+        return declined("its body captures arrays")
+    try:
+        kernel, est = scan_mod.plan_scan(region, body, target)
+    except Unplannable as e:
+        return declined(f"one kernel cannot hold it: {e}")
+    except Exception as e:  # noqa: BLE001 - a planner bug must leave the loop to XLA, not break the program
+        log.warning("scan %d stays an XLA loop: planning failed: %s: %s", region.id, type(e).__name__, e)
+        return declined(f"planning failed: {type(e).__name__}: {e}")
+    if est.speedup < min_gain(cfg.tuning):
+        return declined(f"estimated {est.us:.1f} us as one kernel vs {est.xla_us:.1f} us as XLA's loop", kernel, est)
+    return _compile_plan(RegionPlan(region, kernel, est, None), target, cfg)
 
 
 def _trace_body(closed) -> trace_mod.Traced:

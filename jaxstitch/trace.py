@@ -193,7 +193,7 @@ def at_sizes(traced: Traced, size: Callable[[Any], int]) -> Traced:
 
     ops = tuple(
         ir.Op(op.index, op.prim, tuple(atom(a) for a in op.inputs), tuple(value(v) for v in op.outputs),
-              _hashable_params({k: sized(v) for k, v in e.params.items()}) + _reduce_params(e))
+              _hashable_params({k: sized(v) for k, v in e.params.items()}) + _extra_params(e))
         for op, e in zip(traced.graph.ops, traced.eqns))
     g = traced.graph
     graph = ir.Graph(tuple(value(v) for v in g.inputs), tuple(atom(a) for a in g.outputs), ops)
@@ -218,10 +218,26 @@ def _flatten(closed) -> tuple[ir.Graph, tuple[Eqn, ...], dict]:
     outputs = fl.run(closed.jaxpr, closed.consts, inputs)
     eqns = _live_eqns(fl.eqns, outputs)
     ops = tuple(
-        ir.Op(i, e.primitive.name, e.inputs, e.outputs, _hashable_params(e.params) + _reduce_params(e))
+        ir.Op(i, e.primitive.name, e.inputs, e.outputs, _hashable_params(e.params) + _extra_params(e))
         for i, e in enumerate(eqns)
     )
     return ir.Graph(inputs, tuple(outputs), ops), eqns, fl.consts
+
+
+def _extra_params(eqn: Eqn) -> tuple[tuple[str, Any], ...]:
+    """Params `_hashable_params` cannot keep as they are: a scan's sizes, a dot_general's dimension
+    numbers (as tuples of ints: plan/scan.py reads them) and a variadic reduce's (`_reduce_params`)."""
+    if eqn.primitive.name == "scan":
+        parts = scan_parts(eqn)
+        if parts is None:
+            return ()
+        return (("length", int(eqn.params["length"])), ("num_consts", parts[0]), ("num_carry", parts[1]),
+                ("reverse", bool(eqn.params.get("reverse", False))))
+    if eqn.primitive.name == "dot_general":
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        return (("dimension_numbers", tuple(tuple(tuple(int(d) for d in x) for x in pair)
+                                            for pair in ((lc, rc), (lb, rb)))),)
+    return _reduce_params(eqn)
 
 
 def _reduce_params(eqn: Eqn) -> tuple[tuple[str, Any], ...]:
@@ -298,6 +314,50 @@ def bodies(eqn: Eqn) -> list[tuple[tuple[str, int], Any]]:
             if isinstance(closed, jcore.ClosedJaxpr):
                 out.append(((name, i), closed))
     return out
+
+
+def _closed(jaxpr):
+    return jaxpr if isinstance(jaxpr, jcore.ClosedJaxpr) else jcore.ClosedJaxpr(jaxpr, ())
+
+
+def scan_parts(eqn: Eqn) -> tuple[int, int] | None:
+    """(consts, carries) among a scan's operands, read off the types (the params that record them
+    differ between jax versions: num_consts and num_carry, or ft_in): per-step operands and results
+    are stacked (one more axis, of the scan's length), consts and carries are not, and the carries
+    are the body's first results. None if the types do not say."""
+    try:
+        body = _closed(eqn.params["jaxpr"]).jaxpr
+        length = int(eqn.params["length"])
+    except (KeyError, TypeError):
+        return None
+    ins, outs = [tuple(v.aval.shape) for v in body.invars], [tuple(v.aval.shape) for v in body.outvars]
+    outer_in = [a.shape if isinstance(a, ir.Value) else () for a in eqn.inputs]
+    outer_out = [v.shape for v in eqn.outputs]
+    if len(ins) != len(outer_in) or len(outs) != len(outer_out):
+        return None
+    stacked_in = [o == (length, *i) for o, i in zip(outer_in, ins)]
+    stacked_out = [o == (length, *i) for o, i in zip(outer_out, outs)]
+    carry = stacked_out.index(True) if True in stacked_out else len(outs)
+    xs = len(ins) - (stacked_in.index(True) if True in stacked_in else len(ins))
+    consts = len(ins) - xs - carry
+    if (consts < 0 or not all(stacked_in[consts + carry:]) or any(stacked_in[:consts + carry])
+            or not all(stacked_out[carry:]) or any(stacked_out[:carry])
+            or ins[consts:consts + carry] != outs[:carry]):
+        return None
+    known = (eqn.params.get("num_consts"), eqn.params.get("num_carry"))
+    if None not in known and tuple(int(k) for k in known) != (consts, carry):
+        return None
+    return consts, carry
+
+
+def scan_body(eqn: Eqn) -> ir.Graph | None:
+    """A scan's step as a graph over its (consts, carries, xs[t]) inputs, returning (carries, ys[t]);
+    None when it captures arrays of its own."""
+    jaxpr = eqn.params["jaxpr"]
+    if not isinstance(jaxpr, jcore.ClosedJaxpr) and jaxpr.constvars:
+        return None
+    graph, _, consts = _flatten(_closed(jaxpr))
+    return None if consts else graph
 
 
 def with_bodies(eqn: Eqn, new: dict) -> Eqn:

@@ -96,6 +96,8 @@ def unzip(traced: trace_mod.Traced, unknown_inputs: Sequence[bool]) -> Unzipped:
 
 
 def _jvp(primals, tangents, *, jaxpr, launch, context):
+    if any(e.primitive.name in _LOOPS for e in jaxpr.jaxpr.eqns):
+        return _jvp_of_loop(primals, tangents, jaxpr, context)
     region = trace_mod.jaxpr_as_fun(jaxpr)
     nonzero = [type(t) is not ad.Zero and _inexact(p) for p, t in zip(primals, tangents)]
     n = len(primals)
@@ -118,6 +120,37 @@ def _jvp(primals, tangents, *, jaxpr, launch, context):
     ko, lo = iter(known_outs), iter(linear_outs)
     outs = [next(lo) if u else next(ko) for u in parts.unknown_outputs]
     return outs[:len(jaxpr.out_avals)], outs[len(jaxpr.out_avals):]
+
+
+# Equations `unzip` cannot split: one loop computes primals and tangents together.
+_LOOPS = ("scan", "while", "cond")
+
+
+def _jvp_of_loop(primals, tangents, jaxpr, context):
+    """The JVP of a region holding a whole loop (a persistent scan, plan/scan.py): `jax.linearize`
+    splits the loop into a primal loop that saves residuals and a linear loop over the tangents,
+    each stitched on its own (`unzip` works on whole equations, and the loop is one)."""
+    region = trace_mod.jaxpr_as_fun(jaxpr)
+    nonzero = [type(t) is not ad.Zero and _inexact(p) for p, t in zip(primals, tangents)]
+    tree = []
+
+    def known(*ps):
+        out, lin = jax.linearize(region, *ps)
+        residuals, t = jax.tree.flatten(lin)
+        tree.append(t)
+        return [*out, *residuals]
+
+    got = restitch_or_xla(known, list(primals), context, "JVP (primal part)")
+    n_out = len(jaxpr.out_avals)
+    outs, residuals = got[:n_out], got[n_out:]
+
+    def linear(*args):
+        res, ts = args[:len(residuals)], iter(args[len(residuals):])
+        full = [next(ts) if nz else _zeros(p) for p, nz in zip(primals, nonzero)]
+        return list(jax.tree.unflatten(tree[0], list(res))(*full))
+
+    live = [t for t, nz in zip(tangents, nonzero) if nz]
+    return outs, restitch_or_xla(linear, [*residuals, *live], context, "JVP (linear part)")
 
 
 def _inexact(x) -> bool:

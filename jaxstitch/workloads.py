@@ -238,6 +238,30 @@ def dien_attention_fwdbwd(keys, query, mask, dout):
     return (out,) + vjp(dout)
 
 
+def dien_gru(kernel, h0, gx, mask):
+    """DIEN's interest-extractor GRU over time (`lax.scan`): the input projection gx [T, B, 3H] is
+    made outside, the body holds the recurrent product h @ kernel and the gates; masked steps
+    ([T, B, 1], bool) keep the state. Every step is a few microseconds of work on narrow tensors,
+    so XLA's loop of launches bounds it, not memory (plan/scan.py)."""
+    def step(h, inputs):
+        g, valid = inputs
+        gr, gz, gn = jnp.split(g, 3, axis=-1)
+        hr, hz, hn = jnp.split(h @ kernel, 3, axis=-1)
+        r = jax.nn.sigmoid(gr + hr)
+        z = jax.nn.sigmoid(gz + hz)
+        n = jnp.tanh(gn + r * hn)
+        h = jnp.where(valid, (1 - z) * h + z * n, h)
+        return h, h
+    return jax.lax.scan(step, h0, (gx, mask))[1]
+
+
+def dien_gru_fwdbwd(kernel, h0, gx, mask, dstates):
+    """The GRU and its gradients: a forward scan saving residuals, then a reverse scan whose carry
+    sums the recurrent weight's gradient over rows and steps."""
+    states, vjp = jax.vjp(lambda k, h, g: dien_gru(k, h, g, mask), kernel, h0, gx)
+    return (states,) + vjp(dstates)
+
+
 ADAM_B1, ADAM_B2, ADAM_EPS, ADAM_LR, WEIGHT_DECAY = 0.9, 0.999, 1e-8, 1e-4, 0.01
 
 
@@ -353,6 +377,14 @@ def _dien_inputs(key, dtype, b, t, d):
     return _normal(kk, (b, t, d), dtype), _normal(kq, (b, d), dtype), mask, _normal(kd, (b, d), dtype)
 
 
+def _gru_inputs(key, dtype, b, t, h):
+    kw, kh, kg, kl, kd = jax.random.split(key, 5)
+    lengths = jax.random.randint(kl, (1, b, 1), 1, t + 1)
+    mask = jnp.arange(t)[:, None, None] < lengths
+    return (_normal(kw, (h, 3 * h), dtype, 0.3), _normal(kh, (b, h), dtype), _normal(kg, (t, b, 3 * h), dtype),
+            mask, _normal(kd, (t, b, h), dtype))
+
+
 def _adamw_inputs(key, dtype, layers, hidden, vocab):
     shapes = bert_param_shapes(layers, hidden, vocab)
     keys = jax.random.split(key, 4 * len(shapes)).reshape(4, len(shapes))
@@ -432,6 +464,7 @@ _SUITE = (
     # heads of 512 tokens): the one part of attention's gradient a reduction ends XLA's kernel in.
     _workload("attention_softmax_bwd", causal_softmax_bwd, _causal_probs_inputs, (96, 512, 512),
               (12, 128, 128)),
+    _workload("dien_gru_fwdbwd", dien_gru_fwdbwd, _gru_inputs, (256, 50, 36), (64, 20, 36)),
 )
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in _SUITE}

@@ -1,8 +1,9 @@
-"""Every suite workload (quick shapes, plus long and odd shapes) and the scan, variadic-reduce and
+"""Every suite workload (quick shapes, plus long and odd shapes), the scan, variadic-reduce and
 transposed-tile test cases (tests/test_scans.py, tests/test_variadic.py, tests/test_tile_transpose.py)
-stitched once: a short program for compute-sanitizer, whose memcheck / racecheck / synccheck then see
+and the persistent scans (tests/recurrent.py) stitched once: a short program for compute-sanitizer, whose memcheck / racecheck / synccheck then see
 every kind of kernel we generate (register rows, shared-memory reductions, async staging, shared and
-global stashes, grid barriers, scans' warp totals, combiners' warp partials, transposed tiles).
+global stashes, grid barriers, scans' warp totals, combiners' warp partials, transposed tiles,
+whole recurrent scans).
 
     compute-sanitizer --tool racecheck --kernel-name kns=jaxstitch_kernel python3 scripts/sanitize_run.py [START:STOP]
 
@@ -27,6 +28,7 @@ from strategies import force_stitching, random_inputs  # noqa: E402
 from test_scans import CASES as SCAN_CASES  # noqa: E402
 from test_variadic import CASES as VARIADIC_CASES  # noqa: E402
 from test_tile_transpose import CASES as TRANSPOSE_CASES  # noqa: E402
+from recurrent import CASES as RECURRENT_CASES  # noqa: E402
 
 UNFORCED = ("adamw_bert",)
 EXTRA = [("softmax_fwdbwd", (5, 40000)), ("xent_fwdbwd", (64, 32000)), ("layernorm_fwdbwd", (37, 1021))]
@@ -44,9 +46,13 @@ cases = [(name, shape, WORKLOADS[name].fn, lambda key, dtype, name=name, shape=s
 cases += [(f"{kind}/{n}", entry[1][0].shape, *_test_case(*entry[:2]))
           for kind, table in (("scans", SCAN_CASES), ("variadic", VARIADIC_CASES), ("transpose", TRANSPOSE_CASES))
           for n, entry in table.items()]
-if len(sys.argv) > 1:  # a slice "START:STOP" of the cases (a crash of the tool then loses less)
+cases += [(f"persistent/{n}", (), fn, lambda key, dtype, make=make: make())
+          for n, (fn, make, planned) in RECURRENT_CASES.items() if planned]
+if len(sys.argv) > 1 and ":" in sys.argv[1]:  # a slice "START:STOP" of the cases (a crash of the tool then loses less)
     start, _, stop = sys.argv[1].partition(":")
     cases = cases[int(start or 0):int(stop) if stop else None]
+elif len(sys.argv) > 1:  # the cases whose names start with it ("persistent": the scan kernels)
+    cases = [c for c in cases if c[0].startswith(sys.argv[1])]
 bad = 0
 for name, shape, fn, draw in cases:
     with contextlib.nullcontext() if name in UNFORCED else force_stitching():

@@ -13,8 +13,9 @@ from .. import ir, ops as opdefs
 from ..plan import KernelPlan
 from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR, Unplannable
 from ..plan.remote import RemotePlan
+from ..plan.scan import ScanPlan
 from ..plan.tile import TilePlan
-from . import reductions, remote_codegen, tile_codegen
+from . import reductions, remote_codegen, scan_codegen, tile_codegen
 from .cuda_ops import CTYPE, REDUCE, STYPE
 from .epilogue import render_epilogue
 from .kernel import KERNEL_NAME, ROWS_PARAM, Kernel, Writer, template, vec_col  # noqa: F401 - KERNEL_NAME: the stitcher's
@@ -145,13 +146,16 @@ def _split_one_hot(k: Kernel, w: Writer, emit, tag: int):
     w("}")
 
 
-def render(plan: KernelPlan | TilePlan | RemotePlan) -> Source:
+def render(plan: KernelPlan | TilePlan | RemotePlan | ScanPlan) -> Source:
     """A KernelPlan as a row-space kernel, a TilePlan as a tile kernel (tile_codegen.py), a
-    RemotePlan as a multi-tensor kernel (remote_codegen.py)."""
+    RemotePlan as a multi-tensor kernel (remote_codegen.py), a ScanPlan as a persistent scan
+    (scan_codegen.py)."""
     if isinstance(plan, TilePlan):
         return tile_codegen.render(plan)
     if isinstance(plan, RemotePlan):
         return Source(remote_codegen.render(plan), KERNEL_NAME, ("P",))
+    if isinstance(plan, ScanPlan):
+        return scan_codegen.render(plan)
     k = Kernel(plan)
     region, layout, m = plan.region, plan.layout, plan.mapping
     level = {p.value.id: p.level for p in layout.values}

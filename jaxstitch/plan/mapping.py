@@ -59,7 +59,9 @@ class Tuning:
     (recompute.py); `variants`: 0 gives a shape family's long rows no split-row kernels for few rows
     (families.py's ladder); `split_rows`: the rows a forced split's stash is sized for, where a
     family's variant runs (its samples have more); `diamonds`: 0 has the cost model take every row
-    reduction for fused by XLA with the ops reading it back (plan/diamonds.py)."""
+    reduction for fused by XLA with the ops reading it back (plan/diamonds.py); `scans`: 0 leaves
+    every `lax.scan` an XLA loop (its body planned on its own) instead of one persistent kernel
+    where that is planned to win (plan/scan.py)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -78,9 +80,10 @@ class Tuning:
     variants: int = 1
     split_rows: int | None = None
     diamonds: int = 1
+    scans: int = 1
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
-              "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds")
+              "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":

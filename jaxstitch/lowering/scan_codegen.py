@@ -1,0 +1,396 @@
+"""Render a ScanPlan (plan/scan.py) as CUDA C: the step's ops as loops of the block over each
+value's elements in shared memory, inside a loop over the steps.
+
+Every loop gives element i of its result to thread i % BLOCK, whatever the op; so an op reading its
+operands at its own index (elementwise over one shape) reads what the same thread wrote, and needs no
+barrier. Any other read (a matrix product, a transpose, a broadcast, a split) waits at a block
+barrier for what other threads wrote since the last one.
+"""
+from __future__ import annotations
+
+import math
+import string
+
+from .. import ir, ops as opdefs
+from ..plan import scan as S
+from .cuda_ops import CTYPE, REDUCE, STYPE, expression, literal
+from .kernel import KERNEL_NAME, ROWS_PARAM, Writer, template
+
+
+def _strides(shape) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return out[::-1]
+
+
+def _digits(shape, var: str) -> list[str]:
+    """C expressions of the multi-index of flat element `var` of a row-major `shape`."""
+    out = []
+    for d, (n, st) in enumerate(zip(shape, _strides(shape))):
+        if n == 1:
+            out.append("0")
+            continue
+        q = var if st == 1 else f"({var} / {st})"
+        out.append(q if d == 0 else f"({q} % {n})")
+    return out
+
+
+def _flat(shape, digits) -> str:
+    terms = [d if st == 1 else f"{d} * {st}" for n, st, d in zip(shape, _strides(shape), digits)
+             if n != 1 and d != "0"]
+    return " + ".join(terms) or "0"
+
+
+class _Emitter:
+    def __init__(self, plan: S.ScanPlan):
+        self.plan = plan
+        self.body = plan.body
+        self.root: dict[int, int] = {}
+        for op in self.body.ops:
+            if op.prim in S.RENAMES and isinstance(op.inputs[0], ir.Value):
+                self.root[op.outputs[0].id] = self.root.get(op.inputs[0].id, op.inputs[0].id)
+        self.scalars: set[int] = {v for v, k in plan.kinds if k.kind == S.SCALAR}
+        self.dirty: set[int] = set()
+
+    def kind(self, a) -> S.Kind:
+        return self.plan.kind(a)
+
+    def shape(self, v: ir.Value) -> tuple[int, ...]:
+        return self.plan.local_shape(v)
+
+    def size(self, v: ir.Value) -> int:
+        return math.prod(self.shape(v))
+
+    def ref(self, a: ir.Atom, idx: str) -> str:
+        if isinstance(a, ir.Const):
+            return literal(a.value, a.dtype)
+        if a.id in self.scalars:
+            return f"r{a.id}"
+        return f"s{self.root.get(a.id, a.id)}[{idx}]"
+
+    def storage(self, a: ir.Atom) -> int | None:
+        if isinstance(a, ir.Const) or a.id in self.scalars:
+            return None
+        return self.root.get(a.id, a.id)
+
+    def sync_for(self, w: Writer, reads, same_index: bool):
+        """A barrier before an op reading these atoms, where another thread may have written them."""
+        ids = {s for s in (self.storage(a) for a in reads) if s is not None}
+        if ids & self.dirty and (not same_index or self.scalars_read(reads)):
+            w("__syncthreads();")
+            self.dirty.clear()
+
+    def scalars_read(self, reads) -> bool:
+        return False
+
+    # ---- ops ----------------------------------------------------------------------------------
+    def op(self, w: Writer, op: ir.Op):
+        out = op.outputs[0]
+        if op.prim in S.RENAMES and out.id not in self.scalars:
+            return
+        if out.id in self.scalars:
+            # a broadcast value: every thread keeps it in a register (reading element 0 of a
+            # size-1 array another thread may have written)
+            src = [a for a in op.inputs if isinstance(a, ir.Value) and a.id not in self.scalars]
+            self.sync_for(w, src, same_index=False)
+            args = [self.ref(a, "0") for a in op.inputs]
+            expr = args[0] if op.prim in S.RENAMES or op.prim == "broadcast_in_dim" else expression(op, args)
+            w(f"const {CTYPE[out.dtype]} r{out.id} = {expr};")
+            return
+        elementwise = op.prim in opdefs.ELEMENTWISE
+        # (lax broadcasts size-1 axes of an elementwise op's operands: those read other elements)
+        same = elementwise and all(self.storage(a) is None or self.shape(a) == self.shape(out) for a in op.inputs)
+        self.sync_for(w, op.inputs, same_index=same)
+        if elementwise:
+            with self.loop(w, out):
+                d = _digits(self.shape(out), "i")
+                w(f"s{out.id}[i] = {expression(op, [self._at(a, out, d) for a in op.inputs])};")
+        else:
+            getattr(self, "_" + op.prim)(w, op)
+        self.dirty.update(o.id for o in op.outputs)
+
+    def _at(self, a: ir.Atom, out: ir.Value, digits: list[str]) -> str:
+        """Operand `a` of an elementwise op at the element `digits` of its result `out`."""
+        if self.storage(a) is None or self.shape(a) == self.shape(out):
+            return self.ref(a, "i")
+        shape = self.shape(a)
+        return self.ref(a, _flat(shape, [d if n != 1 else "0" for n, d in zip(shape, digits)]))
+
+    def loop(self, w: Writer, out: ir.Value):
+        return w.block(f"for (int i = tid; i < {self.size(out)}; i += BLOCK) {{")
+
+    def _broadcast_in_dim(self, w, op):
+        src, out = op.inputs[0], op.outputs[0]
+        dims = op.param("broadcast_dimensions")
+        with self.loop(w, out):
+            d = _digits(self.shape(out), "i")
+            ss = self.shape(src)
+            w(f"s{out.id}[i] = {self.ref(src, _flat(ss, [d[b] if ss[k] != 1 else '0' for k, b in enumerate(dims)]))};")
+
+    def _transpose(self, w, op):
+        src, out = op.inputs[0], op.outputs[0]
+        perm = op.param("permutation")
+        with self.loop(w, out):
+            d = _digits(self.shape(out), "i")
+            sd = [None] * len(perm)
+            for j, p in enumerate(perm):
+                sd[p] = d[j]
+            w(f"s{out.id}[i] = {self.ref(src, _flat(self.shape(src), sd))};")
+
+    def _split(self, w, op):
+        src, axis = op.inputs[0], op.param("axis")
+        offset = 0
+        for out, n in zip(op.outputs, op.param("sizes")):
+            with self.loop(w, out):
+                d = _digits(self.shape(out), "i")
+                d[axis] = f"({d[axis]} + {offset})" if offset else d[axis]
+                w(f"s{out.id}[i] = {self.ref(src, _flat(self.shape(src), d))};")
+            offset += n
+
+    def _slice(self, w, op):
+        src, out = op.inputs[0], op.outputs[0]
+        start = op.param("start_indices")
+        strides = op.param("strides") or (1,) * len(start)
+        with self.loop(w, out):
+            d = _digits(self.shape(out), "i")
+            d = [f"({x} * {st} + {s0})" if (st, s0) != (1, 0) else x for x, st, s0 in zip(d, strides, start)]
+            w(f"s{out.id}[i] = {self.ref(src, _flat(self.shape(src), d))};")
+
+    def _concatenate(self, w, op):
+        out, dim = op.outputs[0], op.param("dimension")
+        with self.loop(w, out):
+            d = _digits(self.shape(out), "i")
+            w(f"const int c = {d[dim]};")
+            offset, first = 0, True
+            for a in op.inputs:
+                n = a.shape[dim]
+                dd = list(d)
+                dd[dim] = f"(c - {offset})" if offset else "c"
+                head = "if" if first else "else if"
+                cond = f"c < {offset + n}" if a is not op.inputs[-1] else None
+                line = f"s{out.id}[i] = {self.ref(a, _flat(self.shape(a), dd))};"
+                w(f"{head} ({cond}) {line}" if cond else (f"else {line}" if not first else line))
+                offset, first = offset + n, False
+
+    def _dot_general(self, w, op):
+        lhs, rhs = op.inputs
+        out = op.outputs[0]
+        lc, rc = S._dot_dims(op)
+        ls, rs = self.shape(lhs), self.shape(rhs)
+        lfree, rfree = S._free(len(ls), lc), S._free(len(rs), rc)
+        lk = self.kind(lhs)
+        with self.loop(w, out):
+            d = _digits(self.shape(out), "i")
+            ld, rd = [None] * len(ls), [None] * len(rs)
+            for j, ax in enumerate(lfree):
+                ld[ax] = d[j]
+            for j, ax in enumerate(rfree):
+                rd[ax] = d[len(lfree) + j]
+            ctype = CTYPE[out.dtype]
+            w(f"{ctype} acc = ({ctype})0;")
+            for n, (a, b) in enumerate(zip(lc, rc)):
+                bound = "nrows" if lk.kind == S.BATCHED and a == lk.axis else str(ls[a])
+                ld[a] = rd[b] = f"k{n}"
+                w(f"for (int k{n} = 0; k{n} < {bound}; ++k{n})")
+            w(f"  acc += {self.ref(lhs, _flat(ls, ld))} * {self.ref(rhs, _flat(rs, rd))};")
+            w(f"s{out.id}[i] = acc;")
+
+    def _reduce(self, w, op):
+        src, out = op.inputs[0], op.outputs[0]
+        axes = tuple(op.param("axes"))
+        ss = self.shape(src)
+        k = self.kind(src)
+        combine, ident = REDUCE[op.prim]
+        ctype = CTYPE[out.dtype]
+        with self.loop(w, out):
+            d = iter(_digits(self.shape(out), "i"))
+            sd = []
+            for ax in range(len(ss)):
+                sd.append(f"k{ax}" if ax in axes else next(d))
+            w(f"{ctype} acc = {ident[ctype]};")
+            for ax in axes:
+                bound = "nrows" if k.kind == S.BATCHED and ax == k.axis else str(ss[ax])
+                w(f"for (int k{ax} = 0; k{ax} < {bound}; ++k{ax})")
+            w(f"  acc = {combine}(acc, {self.ref(src, _flat(ss, sd))});")
+            w(f"s{out.id}[i] = acc;")
+
+    _reduce_sum = _reduce_max = _reduce_min = _reduce
+
+
+def _global(plan: S.ScanPlan, v: ir.Value, digits: list[str]) -> tuple[str, str | None]:
+    """(offset in the global array of one step, validity condition) of a local element."""
+    k = plan.kind(v)
+    if k.kind != S.BATCHED:
+        return _flat(v.shape, digits), None
+    d = list(digits)
+    row = d[k.axis]
+    d[k.axis] = f"(row0 + {row})"
+    return _flat(v.shape, d), f"{row} < nrows"
+
+
+def render(plan: S.ScanPlan):
+    from .codegen import Source
+
+    em = _Emitter(plan)
+    region, m, body = plan.region, plan.mapping, plan.body
+    params = [f"const {STYPE[v.dtype]}* __restrict__ in{i}" for i, v in enumerate(region.inputs)]
+    params += [f"{STYPE[v.dtype]}* __restrict__ out{j}" for j, v in enumerate(region.outputs)]
+    if m.cooperative:
+        params.append("void* __restrict__ ws")
+    params.append(ROWS_PARAM)
+
+    arrays, offset = Writer(1), 0
+    for v in S.stored(dict(plan.kinds), body):
+        ct = CTYPE[v.dtype]
+        arrays(f"{ct}* s{v.id} = reinterpret_cast<{ct}*>(js_dyn + {offset});")
+        offset += S._aligned(em.size(v) * S._itemsize(v))
+    assert offset <= m.smem_bytes, (offset, m.smem_bytes)
+
+    nc, ncar = plan.num_consts, plan.num_carry
+    xs_first = nc + ncar
+    pro = Writer(1)
+    for k, v in enumerate(body.inputs):
+        src = plan.sources[k]
+        if k >= xs_first:
+            _load_step(pro, em, plan, v, src, "t0", f"s{v.id}[e]")
+        elif em.kind(v).kind == S.PARTIAL or isinstance(src, ir.Const):
+            # a sum over rows starts at 0 here (its input joins it at the end); a literal fills
+            with pro.block(f"for (int e = tid; e < {em.size(v)}; e += BLOCK) {{"):
+                fill = "0.0f" if em.kind(v).kind == S.PARTIAL else literal(src.value, v.dtype)
+                pro(f"s{v.id}[e] = {fill};")
+        else:
+            _load_step(pro, em, plan, v, src, None, f"s{v.id}[e]")
+    first = f"{m.length - 1}" if plan.reverse else "0"
+    pro.lines.insert(0, f"  const int t0 = {first};")
+
+    pre = Writer(2)
+    for k, v in enumerate(body.inputs[xs_first:], xs_first):
+        n = -(-em.size(v) // m.block)
+        pre(f"{CTYPE[v.dtype]} pf{v.id}[{n}];")
+        with pre.block(f"if (it + 1 < LENGTH) {{"):
+            with pre.block(f"for (int q = 0; q < {n}; ++q) {{"):
+                pre("const int e = tid + q * BLOCK;")
+                _load_step(pre, em, plan, v, plan.sources[k], "t_next", f"pf{v.id}[q]", loop=False)
+
+    w = Writer(2)
+    for op in body.ops:
+        em.op(w, op)
+
+    stores = Writer(2)
+    for j, y in enumerate(plan.ys):
+        _store(stores, em, plan, y, region.outputs[ncar + j], j + ncar, "t")
+
+    adv = Writer(2)
+    for v, out in plan.carries:
+        if em.storage(out) == v.id:
+            continue
+        with adv.block(f"for (int e = tid; e < {em.size(v)}; e += BLOCK) {{"):
+            adv(f"s{v.id}[e] = {em.ref(out, 'e')};")
+    for v in plan.xs:
+        n = -(-em.size(v) // m.block)
+        with adv.block("if (it + 1 < LENGTH) {"):
+            with adv.block(f"for (int q = 0; q < {n}; ++q) {{"):
+                adv("const int e = tid + q * BLOCK;")
+                adv(f"if (e < {em.size(v)}) s{v.id}[e] = pf{v.id}[q];")
+
+    epi = Writer(1)
+    partial = []
+    for j, (v, _) in enumerate(plan.carries):
+        if em.kind(v).kind == S.PARTIAL:
+            partial.append((j, v))
+        else:
+            _store(epi, em, plan, v, region.outputs[j], j, None)
+    if partial:
+        epi("float* js_ws = reinterpret_cast<float*>(ws);")
+        base = 0
+        for j, v in partial:
+            with epi.block(f"for (int e = tid; e < {v.size}; e += BLOCK) {{"):
+                epi(f"js_ws[{base} + blockIdx.x * {v.size} + e] = s{v.id}[e];")
+            base += m.grid * v.size
+        epi("unsigned int js_gen = js_grid_generation();  // (no barrier opens before this block arrives)")
+        epi("js_grid_sync(js_gen);")
+        base = 0
+        for j, v in partial:
+            st = STYPE[v.dtype]
+            with epi.block(f"for (int e = blockIdx.x * BLOCK + tid; e < {v.size}; e += gridDim.x * BLOCK) {{"):
+                src = plan.sources[nc + j]
+                init = literal(src.value, "float32") if isinstance(src, ir.Const) else f"js_io<{st}>::get(in{src}[e])"
+                epi(f"float acc = {init};")
+                epi(f"for (int b = 0; b < {m.grid}; ++b) acc += __ldcg(&js_ws[{base} + b * {v.size} + e]);")
+                epi(f"out{j}[e] = js_io<{st}>::put(acc);")
+            base += m.grid * v.size
+
+    step = f"LENGTH - 1 - it" if plan.reverse else "it"
+    step_next = f"LENGTH - 2 - it" if plan.reverse else "it + 1"
+    summary = plan.description
+    code = string.Template(template("scan_kernel.cu")).substitute(
+        summary=summary, common=template("stitch_common.cuh"), block=m.block, rows=m.rows,
+        batch=m.batch, length=m.length, name=KERNEL_NAME, params=", ".join(params),
+        arrays=arrays.text(), prologue=pro.text(), step=step, step_next=step_next, prefetch=pre.text(),
+        body=w.text(), stores=stores.text(), advance=adv.text(), epilogue=epi.text())
+    return Source(code, KERNEL_NAME, tuple(params))
+
+
+def _load_step(w: Writer, em: _Emitter, plan: S.ScanPlan, v: ir.Value, k: int, step: str | None,
+               dst: str, loop: bool = True):
+    """`dst` = input k's element e (of step `step` for a per-step input), 0 past the batch."""
+    n = em.size(v)
+    st = STYPE[v.dtype]
+    off, ok = _global(plan, v, _digits(em.shape(v), "e"))
+    if step is not None:
+        off = f"(long long){step} * {v.size} + {off}"
+    cond = " && ".join(c for c in (None if loop else f"e < {n}", ok) if c)
+    ctype = CTYPE[v.dtype]
+    read = f"js_io<{st}>::get(in{k}[{off}])"
+    line = f"{dst} = ({cond}) ? {read} : ({ctype})0;" if ok else (
+        f"if ({cond}) {dst} = {read};" if cond else f"{dst} = {read};")
+    if loop:
+        with w.block(f"for (int e = tid; e < {n}; e += BLOCK) {{"):
+            w(line)
+    else:
+        w(line)
+
+
+def _store(w: Writer, em: _Emitter, plan: S.ScanPlan, y: ir.Atom, dst: ir.Value, j: int, step: str | None):
+    """Result j's elements from body value `y`: its block's rows (a whole value: block 0)."""
+    shape = em.shape(y) if em.kind(y).kind != S.SCALAR else _scalar_local_shape(plan, y, dst, step)
+    n = math.prod(shape)
+    st = STYPE[dst.dtype]
+    one = em.kind(y).kind in (S.UNIFORM, S.SCALAR) and _batched_like(plan, y) is None
+    with w.block(f"for (int e = tid; e < {n}; e += BLOCK) {{"):
+        digits = _digits(shape, "e")
+        kind = em.kind(y)
+        if kind.kind == S.SCALAR:
+            axis = _batched_like(plan, y)
+            off = _flat(y.shape, digits) if axis is None else None
+            ok = None
+            if axis is not None:
+                d = list(digits)
+                ok = f"{d[axis]} < nrows"
+                d[axis] = f"(row0 + {d[axis]})"
+                off = _flat(y.shape, d)
+        else:
+            off, ok = _global(plan, y, digits)
+        if step is not None:
+            off = f"(long long){step} * {y.shape and math.prod(y.shape) or 1} + {off}"
+        conds = [c for c in (ok, "blockIdx.x == 0" if one else None) if c]
+        line = f"out{j}[{off}] = js_io<{st}>::put({em.ref(y, 'e')});"
+        w(f"if ({' && '.join(conds)}) {line}" if conds else line)
+
+
+def _batched_like(plan: S.ScanPlan, y: ir.Atom) -> int | None:
+    """A broadcast result's batch axis: where its shape has the batch size (its rows are the
+    block's), or None (block 0 writes it whole)."""
+    m = plan.mapping
+    if m.batch > 1 and isinstance(y, ir.Value) and m.batch in y.shape:
+        return y.shape.index(m.batch)
+    return None
+
+
+def _scalar_local_shape(plan, y, dst, step):
+    axis = _batched_like(plan, y)
+    if axis is None:
+        return y.shape
+    return tuple(plan.mapping.rows if d == axis else n for d, n in enumerate(y.shape))

@@ -1,0 +1,427 @@
+"""Persistent scans: a whole `lax.scan` of a small recurrent body as one kernel.
+
+Why: a recurrent cell (DIEN's GRUs over 50 steps, 256 x 36) is a few microseconds of work a step,
+yet XLA runs it as a while loop of ~4-7 launches plus loop control per step (~15-25 us a step on an
+H100): the loop, not memory, bounds it. Here each block owns a slice of the batch rows and runs every
+step itself, its carries and temporaries in shared memory, its weights staged once.
+
+The batch is found, not declared: a dimension size shared by the carries and per-step inputs such that
+every body op keeps rows apart (`_kinds`). Each body value is then
+- BATCHED along an axis: the block holds its rows of it;
+- UNIFORM: the same in every block, held whole (weights, values computed from them);
+- SCALAR: one value broadcast (a literal, or a size-1 value), kept in a register;
+- PARTIAL: a sum over rows (a weight gradient `h^T @ dg`, a bias gradient): each block holds its rows'
+  share. Partials may only be added up into a carry (a gradient accumulated over the steps), which
+  the blocks then combine in a fixed order after the last step (deterministic, one grid barrier).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+
+from .. import ir, ops as opdefs
+from ..partition import Region
+from ..targets import Target
+from . import cost
+from .layout import Unplannable
+
+BATCHED, UNIFORM, SCALAR, PARTIAL = "batched", "uniform", "scalar", "partial"
+# Ops that only rename a value's elements (same row-major order): a stored value's alias.
+RENAMES = frozenset({"reshape", "squeeze", "expand_dims", "copy", "copy_p", "stop_gradient"})
+SHAPED = frozenset({"broadcast_in_dim", "transpose", "split", "slice", "concatenate", "dot_general"})
+REDUCES = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
+# Linear ops a partial sum may pass through on its way to the carry that accumulates it.
+_LINEAR = frozenset({"add", "add_any", "sub", "neg", "mul", "transpose", "convert_element_type"}) | RENAMES
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    kind: str
+    axis: int | None = None  # BATCHED: the batch axis
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanMapping:
+    """The launch: `grid` blocks of `block` threads, `rows` batch rows each."""
+
+    grid: int
+    block: int
+    rows: int             # batch rows a block owns
+    batch: int            # all batch rows (1: no batch axis, one block runs everything)
+    length: int           # steps
+    smem_bytes: int
+    cooperative: bool     # partial sums meet across blocks after the last step (one grid barrier)
+    name: str = "scan"
+
+    @property
+    def n_rows(self) -> int:
+        return self.batch
+
+    @property
+    def n_cols(self) -> int:
+        return self.length
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanPlan:
+    region: Region                # the scan op alone, its inputs and outputs
+    body: ir.Graph                # the step: (consts, carries, xs[t]) -> (carries, ys[t])
+    reverse: bool
+    num_consts: int
+    num_carry: int
+    kinds: tuple[tuple[int, Kind], ...]   # body value id -> kind
+    # per body input: the region input it reads (an index), or the literal the scan passed
+    sources: tuple[int | ir.Const, ...]
+    mapping: ScanMapping
+    workspace_bytes: int
+    scheme: str = "scan"
+
+    def kind(self, a: ir.Atom) -> Kind:
+        if isinstance(a, ir.Const):
+            return Kind(SCALAR)
+        return dict(self.kinds)[a.id]
+
+    def local_shape(self, v: ir.Value) -> tuple[int, ...]:
+        """A value's shape in one block: its batch axis cut to the block's rows."""
+        k = self.kind(v)
+        if k.kind != BATCHED:
+            return v.shape
+        return tuple(self.mapping.rows if d == k.axis else n for d, n in enumerate(v.shape))
+
+    @property
+    def carries(self) -> tuple[tuple[ir.Value, ir.Atom], ...]:
+        """(carry's value in the body, the body's value for it after a step)."""
+        ins = self.body.inputs[self.num_consts:self.num_consts + self.num_carry]
+        return tuple(zip(ins, self.body.outputs[:self.num_carry]))
+
+    @property
+    def xs(self) -> tuple[ir.Value, ...]:
+        return self.body.inputs[self.num_consts + self.num_carry:]
+
+    @property
+    def ys(self) -> tuple[ir.Atom, ...]:
+        return self.body.outputs[self.num_carry:]
+
+    @property
+    def description(self) -> str:
+        m = self.mapping
+        rows = f"{m.batch} rows as {m.grid} blocks of {m.rows}" if m.batch > 1 else "one block"
+        acc = sum(self.kind(v).kind == PARTIAL for v, _ in self.carries)
+        sums = f", {acc} sums over rows combined after the last step" if acc else ""
+        return f"persistent scan: {m.length} steps of {len(self.body.ops)} ops, {rows}{sums}"
+
+
+def body_reason(body: ir.Graph) -> str | None:
+    """Why a scan body cannot run inside one kernel, or None."""
+    for op in body.ops:
+        if op.prim not in opdefs.ELEMENTWISE | RENAMES | SHAPED | REDUCES | {"broadcast_in_dim"}:
+            return f"{op.prim} in the scan body"
+        if op.prim == "dot_general" and any(op.param("dimension_numbers", ((), ()))[1]):
+            return "a batched dot_general in the scan body"
+        if op.prim == "reshape" and op.param("dimensions") is not None:
+            return "a reshape that permutes dimensions in the scan body"
+        for v in op.inputs + op.outputs:
+            if v.dtype not in ir.SUPPORTED_DTYPES:
+                return f"a {v.dtype} value in the scan body"
+            if isinstance(v, ir.Value) and not all(isinstance(d, int) for d in v.shape):
+                return "symbolic sizes in the scan body"
+    if any(isinstance(a, ir.Const) for a in body.outputs):
+        return "a literal result of the scan body"
+    return None
+
+
+def _dot_dims(op: ir.Op):
+    (lc, rc), _ = op.param("dimension_numbers")
+    return tuple(lc), tuple(rc)
+
+
+def _free(rank: int, contracted) -> list[int]:
+    return [d for d in range(rank) if d not in contracted]
+
+
+def _op_kind(op: ir.Op, ks: list[Kind], batch: int) -> Kind | list[Kind]:
+    """The kind of `op`'s result(s) given its operands' kinds; Unplannable where rows would mix."""
+    prim = op.prim
+    kinds = {k.kind for k in ks}
+    out = op.outputs[0]
+    if PARTIAL in kinds and prim not in _LINEAR:
+        raise Unplannable(f"a sum over rows read by {prim}")
+    if prim in opdefs.ELEMENTWISE or prim in RENAMES:
+        if PARTIAL in kinds:
+            if prim == "mul" and sum(k.kind == PARTIAL for k in ks) == 1 and kinds <= {PARTIAL, SCALAR, UNIFORM}:
+                return Kind(PARTIAL)
+            if prim in ("add", "add_any", "sub") and kinds == {PARTIAL}:
+                return Kind(PARTIAL)
+            if prim in ("neg",) or prim in RENAMES:
+                return Kind(PARTIAL)
+            if prim == "convert_element_type" and out.dtype in ir.FLOAT_DTYPES:
+                return Kind(PARTIAL)
+            raise Unplannable(f"a sum over rows in {prim} with other values")
+        if prim in RENAMES:
+            k = ks[0]
+            if k.kind != BATCHED:
+                return k
+            shape = op.inputs[0].shape
+            before = math.prod(shape[:k.axis])
+            for d in range(len(out.shape)):
+                if out.shape[d] == batch and math.prod(out.shape[:d]) == before:
+                    return Kind(BATCHED, d)
+            raise Unplannable(f"{prim} {shape} -> {out.shape} merges the batch axis")
+        batched = [k for k in ks if k.kind == BATCHED]
+        if batched:
+            if len({k.axis for k in batched}) > 1:
+                raise Unplannable(f"{prim} of values batched along different axes")
+            axis = batched[0].axis
+            # (a whole value may join rows where lax broadcasts it along them: size 1 there)
+            if any(k.kind == UNIFORM and a.shape[axis] != 1 for a, k in zip(op.inputs, ks)):
+                raise Unplannable(f"{prim} of rows with a whole value")
+            return batched[0]
+        return Kind(UNIFORM) if UNIFORM in kinds else Kind(SCALAR)
+    if prim == "broadcast_in_dim":
+        k, src = ks[0], op.inputs[0]
+        if k.kind == SCALAR or (k.kind == UNIFORM and isinstance(src, ir.Value) and src.size == 1):
+            return Kind(SCALAR)
+        if k.kind == BATCHED:
+            return Kind(BATCHED, op.param("broadcast_dimensions")[k.axis])
+        return k
+    if prim == "transpose":
+        k = ks[0]
+        if k.kind == SCALAR:
+            raise Unplannable("a transposed broadcast")
+        perm = op.param("permutation")
+        return Kind(BATCHED, perm.index(k.axis)) if k.kind == BATCHED else k
+    if prim in ("split", "slice"):
+        k = ks[0]
+        if k.kind == SCALAR:
+            raise Unplannable(f"{prim} of a broadcast")
+        if k.kind == BATCHED:
+            if prim == "split" and op.param("axis") == k.axis:
+                raise Unplannable("a split along the batch axis")
+            if prim == "slice":
+                start, limit = op.param("start_indices"), op.param("limit_indices")
+                strides = op.param("strides") or (1,) * len(start)
+                if (start[k.axis], limit[k.axis], strides[k.axis]) != (0, batch, 1):
+                    raise Unplannable("a slice of the batch axis")
+        return [k] * len(op.outputs)
+    if prim == "concatenate":
+        if SCALAR in kinds:
+            raise Unplannable("a concatenated broadcast")
+        if kinds == {UNIFORM}:
+            return Kind(UNIFORM)
+        if UNIFORM in kinds or len({k.axis for k in ks}) > 1 or ks[0].axis == op.param("dimension"):
+            raise Unplannable("a concatenate that mixes rows")
+        return ks[0]
+    if prim == "dot_general":
+        lk, rk = ks
+        lc, rc = _dot_dims(op)
+        if SCALAR in kinds:
+            raise Unplannable("a dot_general of a broadcast")
+        lfree, rfree = _free(len(op.inputs[0].shape), lc), _free(len(op.inputs[1].shape), rc)
+        if lk.kind == BATCHED and rk.kind == BATCHED:
+            if lk.axis in lc and rk.axis == rc[lc.index(lk.axis)]:
+                return Kind(PARTIAL)
+            raise Unplannable("a dot_general of two batched values that is not a sum over rows")
+        if lk.kind == BATCHED:
+            if lk.axis in lc:
+                raise Unplannable("a dot_general contracting rows with a whole value")
+            return Kind(BATCHED, lfree.index(lk.axis))
+        if rk.kind == BATCHED:
+            if rk.axis in rc:
+                raise Unplannable("a dot_general contracting rows with a whole value")
+            return Kind(BATCHED, len(lfree) + rfree.index(rk.axis))
+        return Kind(UNIFORM)
+    if prim in REDUCES:
+        k, axes = ks[0], tuple(op.param("axes"))
+        if k.kind == SCALAR:
+            raise Unplannable(f"{prim} of a broadcast")
+        if k.kind == BATCHED:
+            if k.axis in axes:
+                if prim != "reduce_sum":
+                    raise Unplannable(f"{prim} over rows")
+                return Kind(PARTIAL)
+            return Kind(BATCHED, k.axis - sum(a < k.axis for a in axes))
+        return k
+    raise Unplannable(f"{prim} in the scan body")
+
+
+def _kinds(body: ir.Graph, inputs: list[Kind], batch: int, carries=frozenset()) -> dict[int, Kind]:
+    """Each body value's kind; `carries`: ids of the carries' values, which a sum over rows may be
+    added to (the carry is then taken as a partial sum itself: find_kinds' next round)."""
+    kinds = {v.id: k for v, k in zip(body.inputs, inputs)}
+    for op in body.ops:
+        ks = [Kind(SCALAR) if isinstance(a, ir.Const) else kinds[a.id] for a in op.inputs]
+        if (op.prim in ("add", "add_any") and {k.kind for k in ks} == {UNIFORM, PARTIAL}
+                and all(k.kind == PARTIAL or a.id in carries for a, k in zip(op.inputs, ks))):
+            kinds[op.outputs[0].id] = Kind(PARTIAL)
+            continue
+        got = _op_kind(op, ks, batch)
+        for o, k in zip(op.outputs, got if isinstance(got, list) else [got] * len(op.outputs)):
+            kinds[o.id] = k
+    return kinds
+
+
+def _input_kinds(body: ir.Graph, num_consts: int, batch: int, partial: frozenset[int]) -> list[Kind]:
+    out = []
+    for i, v in enumerate(body.inputs):
+        if i >= num_consts and i in partial:
+            out.append(Kind(PARTIAL))
+        elif i >= num_consts and batch > 1 and batch in v.shape:
+            out.append(Kind(BATCHED, v.shape.index(batch)))
+        else:
+            out.append(Kind(UNIFORM))
+    return out
+
+
+def find_kinds(body: ir.Graph, num_consts: int, num_carry: int) -> list[tuple[int, dict[int, Kind]]]:
+    """[(batch size, each body value's kind)] for each size among the carries' and per-step
+    inputs' under which rows never mix (most common sizes first), and for 1 (no batch axis)."""
+    sizes = Counter(d for v in body.inputs[num_consts:] for d in set(v.shape) if d > 1)
+    why, found = None, []
+    for batch in [b for b, _ in sizes.most_common()] + [1]:
+        partial: frozenset[int] = frozenset()
+        for _ in range(num_carry + 1):
+            try:
+                carries = frozenset(v.id for v in body.inputs[num_consts:num_consts + num_carry])
+                kinds = _kinds(body, _input_kinds(body, num_consts, batch, partial), batch, carries)
+            except Unplannable as e:
+                why = why or str(e)
+                break
+            grew = _check_carries(body, num_consts, num_carry, kinds, partial)
+            if grew is None:
+                try:
+                    _check_ys(body, num_carry, kinds)
+                    found.append((batch, kinds))
+                except Unplannable as e:
+                    why = why or str(e)
+                break
+            partial = grew
+    if not found:
+        raise Unplannable(why or "no batch axis keeps the rows apart")
+    return found
+
+
+def _check_carries(body, num_consts, num_carry, kinds, partial) -> frozenset[int] | None:
+    """None if every carry keeps its kind across a step; else the carries to take as partial sums
+    (a whole value that a step adds a sum over rows to), or Unplannable."""
+    grow = set(partial)
+    for j in range(num_carry):
+        v, out = body.inputs[num_consts + j], body.outputs[j]
+        kin, kout = kinds[v.id], Kind(SCALAR) if isinstance(out, ir.Const) else kinds[out.id]
+        if kout == kin or (kout.kind == SCALAR and kin.kind != PARTIAL):
+            continue
+        if kout.kind == PARTIAL and kin.kind == UNIFORM and v.dtype in ir.FLOAT_DTYPES:
+            grow.add(num_consts + j)
+            continue
+        raise Unplannable(f"carry {j} is {kin.kind} going in and {kout.kind} coming out of a step")
+    return None if grow == set(partial) else frozenset(grow)
+
+
+def _check_ys(body, num_carry, kinds):
+    for y in body.outputs[num_carry:]:
+        if kinds[y.id].kind == PARTIAL:
+            raise Unplannable("a per-step result that is a sum over rows")
+
+
+def stored(plan_kinds: dict[int, Kind], body: ir.Graph) -> list[ir.Value]:
+    """Values that get a shared-memory array: every input, and every op result but scalars and
+    renames (which share their operand's array)."""
+    out = list(body.inputs)
+    for op in body.ops:
+        if op.prim in RENAMES:
+            continue
+        out += [o for o in op.outputs if plan_kinds[o.id].kind != SCALAR]
+    return out
+
+
+def plan_scan(region: Region, body: ir.Graph, target: Target, min_speedup: float = 1.0) -> tuple[ScanPlan, cost.Estimate]:
+    """The scan `region.ops[0]` (body flattened to `body`) as one kernel, with its estimate."""
+    op = region.ops[0]
+    why = body_reason(body)
+    if why:
+        raise Unplannable(why)
+    num_consts, num_carry, length = op.param("num_consts"), op.param("num_carry"), op.param("length")
+    if None in (num_consts, num_carry, length):
+        raise Unplannable("a scan without num_consts, num_carry and length params")
+    options = []
+    for batch, kinds in find_kinds(body, num_consts, num_carry):
+        rows = -(-batch // target.sm_count)
+        local = _Local(kinds, rows)
+        smem = sum(_aligned(local.size(v) * _itemsize(v)) for v in stored(kinds, body))
+        options.append((smem, -batch, batch, kinds, rows, local))
+    # the batch axis that leaves a block the least to hold (then the most blocks)
+    smem, _, batch, kinds, rows, local = min(options, key=lambda o: o[:2])
+    grid = -(-batch // rows)
+    if smem > target.smem_optin:
+        raise Unplannable(f"a block would need {smem} bytes of shared memory (at most {target.smem_optin})")
+    widest = max([local.size(o) for o in body.ops for o in o.outputs] + [local.size(v) for v in body.inputs])
+    block = 256 if widest >= 256 else max(64, -(-widest // 32) * 32)
+    partial = [v for v in body.inputs[num_consts:num_consts + num_carry] if kinds[v.id].kind == PARTIAL]
+    workspace = sum(grid * v.size * 4 for v in partial)
+    mapping = ScanMapping(grid, block, rows, batch, length, smem, bool(partial))
+    index = {v.id: i for i, v in enumerate(region.inputs)}
+    sources = tuple(a if isinstance(a, ir.Const) else index[a.id] for a in op.inputs)
+    if any(isinstance(a, ir.Const) for a in sources[num_consts + num_carry:]):
+        raise Unplannable("a literal per-step operand of the scan")
+    plan = ScanPlan(region, body, bool(op.param("reverse")), num_consts, num_carry,
+                    tuple(sorted(kinds.items())), sources, mapping, workspace)
+    return plan, estimate(plan, target)
+
+
+class _Local:
+    def __init__(self, kinds, rows):
+        self.kinds, self.rows = kinds, rows
+
+    def size(self, v: ir.Value) -> int:
+        k = self.kinds[v.id]
+        return v.size // v.shape[k.axis] * self.rows if k.kind == BATCHED else v.size
+
+
+def _itemsize(v: ir.Value) -> int:
+    return 1 if v.dtype == "bool" else 4
+
+
+def _aligned(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+# Calibration (H100, DIEN's GRU scans): what one step of a persistent scan costs in a block, and
+# what one iteration of XLA's while loop costs around its kernels.
+STEP_US = 0.4          # the step's loop, its two block barriers and the per-step loads' latency
+OP_US = 0.03           # one op's pass over its elements in shared memory, per element a thread
+FMA_PER_US = 5.0e4     # one SM's multiply-adds a microsecond from shared memory
+XLA_ITERATION_US = 5.0  # XLA's while loop: condition, dynamic slices of xs, updates of ys
+
+
+def estimate(plan: ScanPlan, target: Target) -> cost.Estimate:
+    """Ours: the steps one after another, each op a pass over a block's elements; XLA: per
+    iteration its loop control and launches (one fusion a matrix product or reduction, one between),
+    or its bytes and multiply-adds where they are larger."""
+    m, body = plan.mapping, plan.body
+    step, fmas, total_fmas, launches = STEP_US, 0, 0, 2
+    for op in body.ops:
+        if op.prim in RENAMES:
+            continue
+        out = op.outputs[0]
+        per_thread = -(-max(plan_size(plan, o) for o in op.outputs) // m.block)
+        inner = 1
+        if op.prim == "dot_general":
+            lc, _ = _dot_dims(op)
+            inner = math.prod(plan.local_shape(op.inputs[0])[d] for d in lc)
+            fmas += plan_size(plan, out) * inner
+            total_fmas += out.size * math.prod(op.inputs[0].shape[d] for d in lc)
+            launches += 2
+        elif op.prim in REDUCES:
+            inner = plan_size(plan, op.inputs[0]) // max(1, plan_size(plan, out))
+            launches += 1
+        step += OP_US * per_thread * (1 + inner / 8)
+    step = max(step, STEP_US + fmas / FMA_PER_US)
+    moved = sum(v.nbytes for v in plan.region.inputs) + sum(v.nbytes for v in plan.region.outputs)
+    ours = target.launch_us + m.length * step + (target.grid_sync_us if m.cooperative else 0.0)
+    xla_step = max(XLA_ITERATION_US + launches * target.launch_us, total_fmas / 1.0e8)
+    xla = m.length * xla_step + moved / (target.bandwidth_gbs * 1e3)
+    return cost.Estimate(moved, ours, 1 + launches * m.length, moved, xla)
+
+
+def plan_size(plan: ScanPlan, v: ir.Value) -> int:
+    return math.prod(plan.local_shape(v))

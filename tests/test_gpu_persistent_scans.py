@@ -1,0 +1,47 @@
+"""Persistent scans on a GPU (plan/scan.py): each case of tests/recurrent.py under jaxstitch.jit
+against jax.jit, outputs poisoned first, run twice (a result that moves between runs is a race).
+
+Both sides run with float32 matrix products at full precision: by default XLA may run them in TF32
+on this GPU, while a scan kernel multiplies in float32."""
+import jax
+import numpy as np
+import pytest
+
+import jaxstitch
+from recurrent import CASES
+from test_gpu_correctness import compare
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_scan_kernel_matches_jax_jit(name, monkeypatch):
+    monkeypatch.setenv("JAXSTITCH_POISON", "1")
+    fn, make, planned = CASES[name]
+    args = make()
+    scans = [r for r in jaxstitch.explain(fn, *args).regions if r.ops == ("scan",)]
+    assert scans and all(r.stitched == planned for r in scans), [(r.stitched, r.reason) for r in scans]
+    assert ("jaxstitch_launch" in jaxstitch.jit(fn).lower(*args).as_text()) == planned
+    with jax.default_matmul_precision("highest"):
+        want = jax.jit(fn)(*args)
+        first = jax.block_until_ready(jaxstitch.jit(fn)(*args))
+        again = jax.block_until_ready(jaxstitch.jit(fn)(*args))
+    for i, (g, h, w) in enumerate(zip(jax.tree.leaves(first), jax.tree.leaves(again), jax.tree.leaves(want))):
+        compare(g, w, f"{name} output {i}")
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(h), err_msg=f"{name} output {i} moved between runs")
+
+
+def test_grad_of_a_stitched_scan(monkeypatch):
+    """jax.grad of jaxstitch.jit(gru): the stitch primitive's transformation rules plan the forward
+    and backward scans again, each one kernel."""
+    monkeypatch.setenv("JAXSTITCH_POISON", "1")
+    from recurrent import gru, gru_inputs
+    kernel, h0, gx, mask = gru_inputs(256, seed=9)
+
+    def loss(f):
+        return lambda k, g: (f(k, h0, g, mask) ** 2).sum()
+    with jax.default_matmul_precision("highest"):
+        got = jax.jit(jax.grad(loss(jaxstitch.jit(gru)), argnums=(0, 1)))(kernel, gx)
+        want = jax.jit(jax.grad(loss(gru), argnums=(0, 1)))(kernel, gx)
+    for i, (g, w) in enumerate(zip(got, want)):
+        compare(g, w, f"grad {i}")
