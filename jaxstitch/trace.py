@@ -326,10 +326,14 @@ def scan_parts(eqn: Eqn) -> tuple[int, int] | None:
     are stacked (one more axis, of the scan's length), consts and carries are not, and the carries
     are the body's first results. None if the types do not say."""
     try:
-        body = _closed(eqn.params["jaxpr"]).jaxpr
-        length = int(eqn.params["length"])
-    except (KeyError, TypeError):
+        return _scan_parts(eqn)
+    except Exception:  # noqa: BLE001 - symbolic sizes that cannot be compared, params of another form
         return None
+
+
+def _scan_parts(eqn: Eqn) -> tuple[int, int] | None:
+    body = _closed(eqn.params["jaxpr"]).jaxpr
+    length = int(eqn.params["length"])
     ins, outs = [tuple(v.aval.shape) for v in body.invars], [tuple(v.aval.shape) for v in body.outvars]
     outer_in = [a.shape if isinstance(a, ir.Value) else () for a in eqn.inputs]
     outer_out = [v.shape for v in eqn.outputs]

@@ -238,7 +238,7 @@ def dien_attention_fwdbwd(keys, query, mask, dout):
     return (out,) + vjp(dout)
 
 
-def dien_gru(kernel, h0, gx, mask):
+def dien_gru(kernel, h0, gx, mask, reverse=False):
     """DIEN's interest-extractor GRU over time (`lax.scan`): the input projection gx [T, B, 3H] is
     made outside, the body holds the recurrent product h @ kernel and the gates; masked steps
     ([T, B, 1], bool) keep the state. Every step is a few microseconds of work on narrow tensors,
@@ -252,7 +252,7 @@ def dien_gru(kernel, h0, gx, mask):
         n = jnp.tanh(gn + r * hn)
         h = jnp.where(valid, (1 - z) * h + z * n, h)
         return h, h
-    return jax.lax.scan(step, h0, (gx, mask))[1]
+    return jax.lax.scan(step, h0, (gx, mask), reverse=reverse)[1]
 
 
 def dien_gru_fwdbwd(kernel, h0, gx, mask, dstates):
@@ -402,7 +402,8 @@ def _adamw_inputs(key, dtype, layers, hidden, vocab):
 @dataclasses.dataclass(frozen=True)
 class Workload:
     """A benchmark case. `full_shape` / `quick_shape` are the main [rows, cols] array's shape (the
-    attentions' [batch, steps, features] and [batch x heads, q, k]; the optimizer's model size);
+    attentions' [batch, steps, features] and [batch x heads, q, k]; the GRU's batch, steps and
+    hidden size; the optimizer's model size);
     `draw(key, dtype, *shape)` draws the inputs for any such shape."""
     name: str
     fn: Callable

@@ -7,21 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from jaxstitch.workloads import dien_gru
 
-def gru(kernel, h0, gx, mask, reverse=False):
-    """DIEN's GRU over time: the input projection `gx` [T, B, 3H] made outside, the recurrent product
-    and gates in the body; masked steps keep the state. Returns every step's state [T, B, H]."""
-    def step(h, inputs):
-        g, valid = inputs
-        gr, gz, gn = jnp.split(g, 3, axis=-1)
-        hr, hz, hn = jnp.split(h @ kernel, 3, axis=-1)
-        r = jax.nn.sigmoid(gr + hr)
-        z = jax.nn.sigmoid(gz + hz)
-        n = jnp.tanh(gn + r * hn)
-        h = jnp.where(valid, (1 - z) * h + z * n, h)
-        return h, h
-    _, states = lax.scan(step, h0, (gx, mask), reverse=reverse)
-    return states
+
+# DIEN's GRU over time: the input projection `gx` [T, B, 3H] made outside, the recurrent product and
+# gates in the body; masked steps keep the state. Returns every step's state [T, B, H].
+gru = dien_gru
 
 
 def gru_reverse(kernel, h0, gx, mask):
@@ -90,6 +81,17 @@ def greedy_decode(w, xs):
     return lax.scan(step, jnp.zeros(xs.shape[1:], xs.dtype), xs)
 
 
+def second_order(w, xs):
+    """A carry that takes another carry's value (h2 <- h1): copied in place one after the other,
+    h1 would already hold the new value, so the scan stays an XLA loop."""
+    def step(carry, x):
+        h1, h2 = carry
+        h = jnp.tanh(x + h1 @ w - 0.5 * h2)
+        return (h, h1), h
+    init = (jnp.zeros(xs.shape[1:], xs.dtype), jnp.zeros(xs.shape[1:], xs.dtype))
+    return lax.scan(step, init, xs)
+
+
 # name: (function, inputs, whether every scan is planned as one kernel)
 CASES = {
     "gru_fwd": (gru, lambda: gru_inputs(256), True),
@@ -102,4 +104,5 @@ CASES = {
     "bias_sum": (bias_sum, lambda: dense_inputs(200, 16, 30, seed=6), True),
     "row_softmax_over_batch": (row_softmax_over_batch, lambda: dense_inputs(64, 8, 10, seed=7), True),
     "greedy_decode": (greedy_decode, lambda: dense_inputs(32, 16, 12, seed=8), False),
+    "second_order": (second_order, lambda: dense_inputs(32, 16, 12, seed=10), False),
 }

@@ -867,7 +867,8 @@ def test_transforms_match_xla(name, comp, dtype):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", sorted(CONTROL_FLOW))
 def test_control_flow_bodies_match_xla(name, dtype):
-    """Stitched regions inside scan / while / fori / cond bodies (and a scan's backward pass).
+    """Stitched regions inside while / fori / cond bodies, and scans (with a scan's backward pass)
+    as persistent kernels (plan/scan.py) or with stitched bodies.
     The GRU cell's matrix products run in full float32: with TF32 (XLA's default), a last-bit
     difference in a product's input (ours and XLA's elementwise code round differently) moved the
     float32 gradient of the recurrent weights by 2e-4 of its scale over 10 steps.
@@ -877,7 +878,7 @@ def test_control_flow_bodies_match_xla(name, dtype):
     f, specs, _ = CONTROL_FLOW[name]
     with jax.default_matmul_precision("float32"):
         what, args, got, want = forced_case("control_flow", name, dtype, f, lambda s: random_inputs(specs, s),
-                                            ELEMENTWISE)
+                                            ELEMENTWISE | {"scan"})
         exact = jax.tree.leaves(jax.jit(f)(*[a.astype(jnp.float32) if a.dtype == jnp.bfloat16 else a
                                              for a in args]))
     for i, (a, c, e) in enumerate(zip(got, want, exact)):

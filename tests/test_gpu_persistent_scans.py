@@ -21,7 +21,8 @@ def test_scan_kernel_matches_jax_jit(name, monkeypatch):
     args = make()
     scans = [r for r in jaxstitch.explain(fn, *args).regions if r.ops == ("scan",)]
     assert scans and all(r.stitched == planned for r in scans), [(r.stitched, r.reason) for r in scans]
-    assert ("jaxstitch_launch" in jaxstitch.jit(fn).lower(*args).as_text()) == planned
+    if planned:
+        assert "jaxstitch_launch" in jaxstitch.jit(fn).lower(*args).as_text()
     with jax.default_matmul_precision("highest"):
         want = jax.jit(fn)(*args)
         first = jax.block_until_ready(jaxstitch.jit(fn)(*args))

@@ -5,6 +5,7 @@ test_gpu_persistent_scans.py."""
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -104,3 +105,81 @@ def test_grad_of_a_stitched_scan_stitches_both_loops():
     want = jax.grad(loss(gru), argnums=(0, 1))(kernel, gx)
     for g, w in zip(jax.jit(grad)(kernel, gx), want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+
+
+def _kinds_of(step, init, xs):
+    """Each scan body value's kind (find_kinds' first batch size) for lax.scan(step, init, xs)."""
+    traced = trace_mod.trace(lambda i, x: jax.lax.scan(step, i, x), (init, xs), trace_mod.positional_tree((init, xs)))
+    op, eqn = traced.graph.ops[-1], traced.eqns[-1]
+    body = trace_mod.scan_body(eqn)
+    return body, S.find_kinds(body, op.param("num_consts"), op.param("num_carry"))
+
+
+@pytest.mark.parametrize("step, why", [
+    (lambda h, x: ((h.reshape(64, 2, 4) * 2).reshape(h.shape) + x, h), None),   # a reshape keeping rows apart
+    (lambda h, x: (h.reshape(8, 64).T + x, h), "batch"),                         # one mixing rows and features
+    (lambda h, x: (jnp.roll(h, 1, axis=0) + x, h), "batch"),                     # rows swap places
+    (lambda h, x: (h + x, jnp.cumsum(h, axis=0)), "cumsum"),                     # a running sum over rows
+    (lambda h, x: (h + x, h.T @ h), "rows"),                                     # a per-step sum over rows as a result
+])
+def test_rows_must_stay_apart(step, why):
+    """A body keeps its batch axis only where no op mixes rows; otherwise the scan still runs as one
+    block (no batch axis), or not at all when an op has no kernel code (cumsum here)."""
+    h0, xs = jnp.ones((64, 8)), jnp.ones((5, 64, 8))
+    if why == "cumsum":
+        with pytest.raises(S.Unplannable):
+            _kinds_of(step, h0, xs)
+        return
+    body, found = _kinds_of(step, h0, xs)
+    batches = [b for b, _ in found]
+    assert (64 in batches) == (why is None), batches
+    assert batches[-1] == 1  # one block can always run it
+
+
+def test_a_whole_value_joins_rows_only_along_size_one_axes():
+    """A whole value of shape [1, H] (lax broadcasts it along the rows) may join a batched op and keep
+    the batch axis; a [B, H] whole value may not (one block then runs the scan)."""
+    w = jnp.ones((1, 8))
+    _, found = _kinds_of(lambda h, x: (h * w + x, h), jnp.ones((64, 8)), jnp.ones((5, 64, 8)))
+    assert found[0][0] == 64
+    full = jnp.ones((64, 8))
+    _, found = _kinds_of(lambda h, x: (h * full + x, h), jnp.ones((64, 8)), jnp.ones((5, 64, 8)))
+    assert [b for b, _ in found] == [1]
+
+
+def test_vmap_of_a_stitched_scan():
+    """jax.vmap(jaxstitch.jit(gru)) over a leading axis of the states and inputs: the batching rule
+    plans the vmapped scan again (still one kernel) and the fallback gives jax.vmap's results."""
+    from test_transforms import stitched_kernels
+    from recurrent import gru
+    kernel, h0, gx, mask = gru_inputs(32, steps=8, seed=4)
+    hs, gxs = jnp.stack([h0, -h0]), jnp.stack([gx, 0.5 * gx])
+
+    def batched(f):
+        return jax.vmap(lambda h, g: f(kernel, h, g, mask))
+    closed = jax.make_jaxpr(batched(jaxstitch.jit(gru, target="h100")))(hs, gxs)
+    assert stitched_kernels(closed) == 1
+    got, want = jax.jit(batched(jaxstitch.jit(gru, target="h100")))(hs, gxs), jax.jit(batched(gru))(hs, gxs)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-6)
+
+
+def test_a_scan_of_no_steps_stays_a_loop():
+    def f(h, xs):
+        return jax.lax.scan(lambda c, x: (jnp.tanh(c + x), c), h, xs)
+    args = (jnp.ones((64, 8)), jnp.ones((0, 64, 8)))
+    scans = [r for r in jaxstitch.explain(f, *args, target="h100").regions if r.ops == ("scan",)]
+    assert [r.stitched for r in scans] == [False] and "no steps" in scans[0].reason
+    assert_same_as_jax_jit(f, args)
+
+
+def test_symbolic_sizes_keep_scans_as_loops():
+    """A shape family (jax.export's symbolic batch and length) leaves its scans XLA loops, with the
+    reason, and still exports."""
+    from recurrent import gru
+    b, t = jax.export.symbolic_shape("b, t")
+    specs = [jax.ShapeDtypeStruct((36, 108), jnp.float32), jax.ShapeDtypeStruct((b, 36), jnp.float32),
+             jax.ShapeDtypeStruct((t, b, 108), jnp.float32), jax.ShapeDtypeStruct((t, b, 1), jnp.bool_)]
+    scans = [r for r in jaxstitch.explain(gru_grad, *specs, target="h100").regions if r.ops == ("scan",)]
+    assert len(scans) == 2 and not any(r.stitched for r in scans) and "symbolic" in scans[0].reason
+    jax.export.export(jaxstitch.jit(gru, target="h100"), platforms=["cuda"],
+                      disabled_checks=jaxstitch.disabled_checks())(*specs)

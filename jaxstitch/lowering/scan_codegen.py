@@ -78,12 +78,9 @@ class _Emitter:
     def sync_for(self, w: Writer, reads, same_index: bool):
         """A barrier before an op reading these atoms, where another thread may have written them."""
         ids = {s for s in (self.storage(a) for a in reads) if s is not None}
-        if ids & self.dirty and (not same_index or self.scalars_read(reads)):
+        if ids & self.dirty and not same_index:
             w("__syncthreads();")
             self.dirty.clear()
-
-    def scalars_read(self, reads) -> bool:
-        return False
 
     # ---- ops ----------------------------------------------------------------------------------
     def op(self, w: Writer, op: ir.Op):
@@ -269,7 +266,7 @@ def render(plan: S.ScanPlan):
     for k, v in enumerate(body.inputs[xs_first:], xs_first):
         n = -(-em.size(v) // m.block)
         pre(f"{CTYPE[v.dtype]} pf{v.id}[{n}];")
-        with pre.block(f"if (it + 1 < LENGTH) {{"):
+        with pre.block("if (it + 1 < LENGTH) {"):
             with pre.block(f"for (int q = 0; q < {n}; ++q) {{"):
                 pre("const int e = tid + q * BLOCK;")
                 _load_step(pre, em, plan, v, plan.sources[k], "t_next", f"pf{v.id}[q]", loop=False)
@@ -322,8 +319,8 @@ def render(plan: S.ScanPlan):
                 epi(f"out{j}[e] = js_io<{st}>::put(acc);")
             base += m.grid * v.size
 
-    step = f"LENGTH - 1 - it" if plan.reverse else "it"
-    step_next = f"LENGTH - 2 - it" if plan.reverse else "it + 1"
+    step = "LENGTH - 1 - it" if plan.reverse else "it"
+    step_next = "LENGTH - 2 - it" if plan.reverse else "it + 1"
     summary = plan.description
     code = string.Template(template("scan_kernel.cu")).substitute(
         summary=summary, common=template("stitch_common.cuh"), block=m.block, rows=m.rows,
@@ -355,7 +352,7 @@ def _load_step(w: Writer, em: _Emitter, plan: S.ScanPlan, v: ir.Value, k: int, s
 
 def _store(w: Writer, em: _Emitter, plan: S.ScanPlan, y: ir.Atom, dst: ir.Value, j: int, step: str | None):
     """Result j's elements from body value `y`: its block's rows (a whole value: block 0)."""
-    shape = em.shape(y) if em.kind(y).kind != S.SCALAR else _scalar_local_shape(plan, y, dst, step)
+    shape = em.shape(y) if em.kind(y).kind != S.SCALAR else _scalar_local_shape(plan, y)
     n = math.prod(shape)
     st = STYPE[dst.dtype]
     one = em.kind(y).kind in (S.UNIFORM, S.SCALAR) and _batched_like(plan, y) is None
@@ -374,7 +371,7 @@ def _store(w: Writer, em: _Emitter, plan: S.ScanPlan, y: ir.Atom, dst: ir.Value,
         else:
             off, ok = _global(plan, y, digits)
         if step is not None:
-            off = f"(long long){step} * {y.shape and math.prod(y.shape) or 1} + {off}"
+            off = f"(long long){step} * {y.size} + {off}"
         conds = [c for c in (ok, "blockIdx.x == 0" if one else None) if c]
         line = f"out{j}[{off}] = js_io<{st}>::put({em.ref(y, 'e')});"
         w(f"if ({' && '.join(conds)}) {line}" if conds else line)
@@ -389,7 +386,8 @@ def _batched_like(plan: S.ScanPlan, y: ir.Atom) -> int | None:
     return None
 
 
-def _scalar_local_shape(plan, y, dst, step):
+def _scalar_local_shape(plan: S.ScanPlan, y: ir.Atom) -> tuple[int, ...]:
+    """A broadcast result's shape in one block: its rows if it has the batch size, else whole."""
     axis = _batched_like(plan, y)
     if axis is None:
         return y.shape

@@ -17,6 +17,7 @@ every body op keeps rows apart (`_kinds`). Each body value is then
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import Counter
 
@@ -77,10 +78,14 @@ class ScanPlan:
     workspace_bytes: int
     scheme: str = "scan"
 
+    @functools.cached_property
+    def _kind_of(self) -> dict[int, Kind]:
+        return dict(self.kinds)
+
     def kind(self, a: ir.Atom) -> Kind:
         if isinstance(a, ir.Const):
             return Kind(SCALAR)
-        return dict(self.kinds)[a.id]
+        return self._kind_of[a.id]
 
     def local_shape(self, v: ir.Value) -> tuple[int, ...]:
         """A value's shape in one block: its batch axis cut to the block's rows."""
@@ -317,6 +322,20 @@ def _check_carries(body, num_consts, num_carry, kinds, partial) -> frozenset[int
     return None if grow == set(partial) else frozenset(grow)
 
 
+def _check_carry_sources(body, num_consts, num_carry):
+    """A step's carries are copied into place one after another; a carry that takes another
+    carry's value (a shift register: (a, b) -> (x, a)) would read it overwritten."""
+    carried = {v.id: j for j, v in enumerate(body.inputs[num_consts:num_consts + num_carry])}
+    renamed = {op.outputs[0].id: op.inputs[0].id for op in body.ops
+               if op.prim in RENAMES and isinstance(op.inputs[0], ir.Value)}
+    for j, out in enumerate(body.outputs[:num_carry]):
+        src = out.id if isinstance(out, ir.Value) else None
+        while src in renamed:
+            src = renamed[src]
+        if carried.get(src, j) != j:
+            raise Unplannable(f"carry {j} takes carry {carried[src]}'s value")
+
+
 def _check_ys(body, num_carry, kinds):
     for y in body.outputs[num_carry:]:
         if kinds[y.id].kind == PARTIAL:
@@ -334,7 +353,7 @@ def stored(plan_kinds: dict[int, Kind], body: ir.Graph) -> list[ir.Value]:
     return out
 
 
-def plan_scan(region: Region, body: ir.Graph, target: Target, min_speedup: float = 1.0) -> tuple[ScanPlan, cost.Estimate]:
+def plan_scan(region: Region, body: ir.Graph, target: Target) -> tuple[ScanPlan, cost.Estimate]:
     """The scan `region.ops[0]` (body flattened to `body`) as one kernel, with its estimate."""
     op = region.ops[0]
     why = body_reason(body)
@@ -342,7 +361,10 @@ def plan_scan(region: Region, body: ir.Graph, target: Target, min_speedup: float
         raise Unplannable(why)
     num_consts, num_carry, length = op.param("num_consts"), op.param("num_carry"), op.param("length")
     if None in (num_consts, num_carry, length):
-        raise Unplannable("a scan without num_consts, num_carry and length params")
+        raise Unplannable("its operands' groups (consts, carries, per-step) are not known here "
+                          "(symbolic sizes?)")
+    if length < 1:
+        raise Unplannable("a scan of no steps")
     options = []
     for batch, kinds in find_kinds(body, num_consts, num_carry):
         rows = -(-batch // target.sm_count)
@@ -359,6 +381,7 @@ def plan_scan(region: Region, body: ir.Graph, target: Target, min_speedup: float
     partial = [v for v in body.inputs[num_consts:num_consts + num_carry] if kinds[v.id].kind == PARTIAL]
     workspace = sum(grid * v.size * 4 for v in partial)
     mapping = ScanMapping(grid, block, rows, batch, length, smem, bool(partial))
+    _check_carry_sources(body, num_consts, num_carry)
     index = {v.id: i for i, v in enumerate(region.inputs)}
     sources = tuple(a if isinstance(a, ir.Const) else index[a.id] for a in op.inputs)
     if any(isinstance(a, ir.Const) for a in sources[num_consts + num_carry:]):
@@ -385,8 +408,9 @@ def _aligned(n: int) -> int:
     return -(-n // 16) * 16
 
 
-# Calibration (H100, DIEN's GRU scans): what one step of a persistent scan costs in a block, and
-# what one iteration of XLA's while loop costs around its kernels.
+# What one step of a persistent scan costs in a block, and one iteration of XLA's while loop around
+# its kernels: first guesses; against DIEN's GRU fwd+bwd on an H100 ours came out 1.45x slower than
+# estimated and XLA's 1.27x faster (docs/perf_notes.md, session 25), far from any decision there.
 STEP_US = 0.4          # the step's loop, its two block barriers and the per-step loads' latency
 OP_US = 0.03           # one op's pass over its elements in shared memory, per element a thread
 FMA_PER_US = 5.0e4     # one SM's multiply-adds a microsecond from shared memory
