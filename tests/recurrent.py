@@ -92,6 +92,43 @@ def second_order(w, xs):
     return lax.scan(step, init, xs)
 
 
+def features_first(w, xs):
+    """States held [H, B] (the batch on the second axis): w @ h, a product with the weights on the
+    left."""
+    def step(h, x):
+        h = jnp.tanh(w @ h + x)
+        return h, h
+    return lax.scan(step, jnp.ones(xs.shape[1:], xs.dtype), xs)
+
+
+def normalized_cell(w, xs):
+    """A cell normalizing its state over the features each step (a mean and a variance per row,
+    broadcast back: reductions along a non-batch axis)."""
+    def step(h, x):
+        a = jnp.tanh(x + h @ w)
+        mean = a.mean(-1, keepdims=True)
+        var = ((a - mean) ** 2).mean(-1, keepdims=True)
+        h = (a - mean) * lax.rsqrt(var + 1e-5)
+        return h, mean[:, 0]
+    return lax.scan(step, jnp.zeros(xs.shape[1:], xs.dtype), xs)
+
+
+def two_axis_product(w, xs):
+    """A state [B, 4, 9] contracted over two axes with weights [4, 9, 36], reshaped back: a product
+    with two contracting dimensions, and reshapes that keep rows apart."""
+    def step(h, x):
+        z = jnp.einsum("bij,ijk->bk", h, w)
+        h = jnp.tanh(z.reshape(h.shape) + x)
+        return h, z
+    return lax.scan(step, jnp.zeros(xs.shape[1:], xs.dtype), xs)
+
+
+def _weights_and_steps(wshape, xshape, seed):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(wshape).astype(np.float32) / np.sqrt(np.prod(wshape[:-1]))
+    return [jnp.asarray(w), jnp.asarray(rng.standard_normal(xshape).astype(np.float32))]
+
+
 # name: (function, inputs, whether every scan is planned as one kernel)
 CASES = {
     "gru_fwd": (gru, lambda: gru_inputs(256), True),
@@ -105,4 +142,7 @@ CASES = {
     "row_softmax_over_batch": (row_softmax_over_batch, lambda: dense_inputs(64, 8, 10, seed=7), True),
     "greedy_decode": (greedy_decode, lambda: dense_inputs(32, 16, 12, seed=8), False),
     "second_order": (second_order, lambda: dense_inputs(32, 16, 12, seed=10), False),
+    "features_first": (features_first, lambda: _weights_and_steps((24, 24), (15, 24, 200), 11), True),
+    "normalized_cell": (normalized_cell, lambda: dense_inputs(150, 32, 20, seed=12), True),
+    "two_axis_product": (two_axis_product, lambda: _weights_and_steps((4, 9, 36), (10, 70, 4, 9), 13), True),
 }
