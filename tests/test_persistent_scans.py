@@ -197,13 +197,13 @@ def test_symbolic_sizes_keep_scans_as_loops():
 FEW_BLOCKS = dataclasses.replace(TARGETS["h100"], sm_count=3, smem_optin=1 << 30)
 
 
-def _check_blocks(fn, args, tol):
+def _check_blocks(fn, args, tol, atol=0.0):
     got, modelled = run_with_blocks(fn, args, FEW_BLOCKS)
     want = jax.tree.leaves(jax.jit(fn)(*args))
     for g, w in zip(got, want, strict=True):
         g, w = np.asarray(g, np.float32), np.asarray(w, np.float32)
         scale = max(float(np.max(np.abs(w))), 1e-30) if w.size else 1.0
-        assert float(np.max(np.abs(g - w), initial=0.0)) <= tol * scale
+        assert float(np.max(np.abs(g - w), initial=0.0)) <= tol * scale + atol
     return modelled
 
 
@@ -239,5 +239,7 @@ def test_blocks_of_dien_train_step():
 
     def flat(*ls):
         return jax.tree.leaves(step(*jax.tree.unflatten(tree, ls)))
-    # (sums over rows taken per block: gradients with cancellation move by ~1e-4 of their scale)
-    assert _check_blocks(flat, leaves, 1e-3) == 4
+    # Sums over rows taken per block move gradients with cancellation by ~1e-4 of their scale. The
+    # attention MLP's last bias feeds a softmax (shift-invariant): its gradient is rounding noise
+    # (~1e-11) on both sides, and Adam's first step moves it by ~1e-6 of noise: hence the atol.
+    assert _check_blocks(flat, leaves, 1e-3, atol=1e-5) == 4
