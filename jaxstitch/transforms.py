@@ -99,17 +99,14 @@ def _jvp(primals, tangents, *, jaxpr, launch, context):
     if any(e.primitive.name in _LOOPS for e in jaxpr.jaxpr.eqns):
         return _jvp_of_loop(primals, tangents, jaxpr, context)
     region = trace_mod.jaxpr_as_fun(jaxpr)
-    nonzero = [type(t) is not ad.Zero and _inexact(p) for p, t in zip(primals, tangents)]
+    nonzero, live_tangents = _live(primals, tangents)
     n = len(primals)
 
     def jvp_fun(*args):
-        ts = iter(args[n:])
-        full = [next(ts) if nz else _zeros(p) for p, nz in zip(args[:n], nonzero)]
-        p_out, t_out = jax.jvp(region, list(args[:n]), full)
+        p_out, t_out = jax.jvp(region, list(args[:n]), _full(args[:n], nonzero, args[n:]))
         return [*p_out, *t_out]
 
-    args = [*primals, *(t for t, nz in zip(tangents, nonzero) if nz)]
-    live_tangents = args[n:]
+    args = [*primals, *live_tangents]
     traced = trace_mod.trace(jvp_fun, args, trace_mod.positional_tree(args))
     parts = unzip(traced, [False] * n + [True] * len(live_tangents))
     known = restitch_or_xla(parts.known, list(primals), context, "JVP (primal part)")
@@ -131,7 +128,7 @@ def _jvp_of_loop(primals, tangents, jaxpr, context):
     splits the loop into a primal loop that saves residuals and a linear loop over the tangents,
     each stitched on its own (`unzip` works on whole equations, and the loop is one)."""
     region = trace_mod.jaxpr_as_fun(jaxpr)
-    nonzero = [type(t) is not ad.Zero and _inexact(p) for p, t in zip(primals, tangents)]
+    nonzero, live = _live(primals, tangents)
     tree = []
 
     def known(*ps):
@@ -145,12 +142,22 @@ def _jvp_of_loop(primals, tangents, jaxpr, context):
     outs, residuals = got[:n_out], got[n_out:]
 
     def linear(*args):
-        res, ts = args[:len(residuals)], iter(args[len(residuals):])
-        full = [next(ts) if nz else _zeros(p) for p, nz in zip(primals, nonzero)]
-        return list(jax.tree.unflatten(tree[0], list(res))(*full))
+        res, ts = args[:len(residuals)], args[len(residuals):]
+        return list(jax.tree.unflatten(tree[0], list(res))(*_full(primals, nonzero, ts)))
 
-    live = [t for t, nz in zip(tangents, nonzero) if nz]
     return outs, restitch_or_xla(linear, [*residuals, *live], context, "JVP (linear part)")
+
+
+def _live(primals, tangents) -> tuple[list[bool], list]:
+    """(which tangents are nonzero floats, those tangents): the others are passed as zeros."""
+    nonzero = [type(t) is not ad.Zero and _inexact(p) for p, t in zip(primals, tangents)]
+    return nonzero, [t for t, nz in zip(tangents, nonzero) if nz]
+
+
+def _full(primals, nonzero, live) -> list:
+    """A tangent for every primal: the live ones in order, zeros (float0 for integers) elsewhere."""
+    ts = iter(live)
+    return [next(ts) if nz else _zeros(p) for p, nz in zip(primals, nonzero)]
 
 
 def _inexact(x) -> bool:

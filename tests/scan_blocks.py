@@ -101,13 +101,7 @@ class _Cut:
         self.plan, self.r0, self.n = plan, r0, n
 
     def axis(self, v: ir.Value) -> int | None:
-        k = self.plan.kind(v)
-        if k.kind == S.BATCHED:
-            return k.axis
-        batch = self.plan.mapping.batch
-        if k.kind == S.SCALAR and batch > 1 and batch in v.shape:  # (a broadcast over the rows)
-            return v.shape.index(batch)
-        return None
+        return self.plan.row_axis(v)
 
     def __call__(self, v: ir.Value, a):
         ax = self.axis(v)
@@ -124,8 +118,7 @@ class _Cut:
         into[tuple(([t] if t is not None else []) + index)] = np.asarray(got)
 
     def local(self, v: ir.Value) -> tuple[int, ...]:
-        ax = self.axis(v)
-        return v.shape if ax is None else tuple(self.n if d == ax else s for d, s in enumerate(v.shape))
+        return S.cut(v.shape, self.axis(v), self.n)
 
     def params(self, op, params: dict) -> dict:
         out = op.outputs[0]

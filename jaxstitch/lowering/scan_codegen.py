@@ -115,6 +115,11 @@ class _Emitter:
         shape = self.shape(a)
         return self.ref(a, _flat(shape, [d if n != 1 else "0" for n, d in zip(shape, digits)]))
 
+    def bound(self, v: ir.Value, axis: int) -> str:
+        """How far a sum runs along `axis` of `v`: over a batched value's rows, the block's own
+        (the last block may hold fewer); else the whole axis."""
+        return "nrows" if axis == self.plan.row_axis(v) else str(self.shape(v)[axis])
+
     def loop(self, w: Writer, out: ir.Value):
         return w.block(f"for (int i = tid; i < {self.size(out)}; i += BLOCK) {{")
 
@@ -177,7 +182,6 @@ class _Emitter:
         lc, rc = S._dot_dims(op)
         ls, rs = self.shape(lhs), self.shape(rhs)
         lfree, rfree = S._free(len(ls), lc), S._free(len(rs), rc)
-        lk = self.kind(lhs)
         with self.loop(w, out):
             d = _digits(self.shape(out), "i")
             ld, rd = [None] * len(ls), [None] * len(rs)
@@ -188,9 +192,8 @@ class _Emitter:
             ctype = CTYPE[out.dtype]
             w(f"{ctype} acc = ({ctype})0;")
             for n, (a, b) in enumerate(zip(lc, rc)):
-                bound = "nrows" if lk.kind == S.BATCHED and a == lk.axis else str(ls[a])
                 ld[a] = rd[b] = f"k{n}"
-                w(f"for (int k{n} = 0; k{n} < {bound}; ++k{n})")
+                w(f"for (int k{n} = 0; k{n} < {self.bound(lhs, a)}; ++k{n})")
             w(f"  acc += {self.ref(lhs, _flat(ls, ld))} * {self.ref(rhs, _flat(rs, rd))};")
             w(f"s{out.id}[i] = acc;")
 
@@ -198,7 +201,6 @@ class _Emitter:
         src, out = op.inputs[0], op.outputs[0]
         axes = tuple(op.param("axes"))
         ss = self.shape(src)
-        k = self.kind(src)
         combine, ident = REDUCE[op.prim]
         ctype = CTYPE[out.dtype]
         with self.loop(w, out):
@@ -208,8 +210,7 @@ class _Emitter:
                 sd.append(f"k{ax}" if ax in axes else next(d))
             w(f"{ctype} acc = {ident[ctype]};")
             for ax in axes:
-                bound = "nrows" if k.kind == S.BATCHED and ax == k.axis else str(ss[ax])
-                w(f"for (int k{ax} = 0; k{ax} < {bound}; ++k{ax})")
+                w(f"for (int k{ax} = 0; k{ax} < {self.bound(src, ax)}; ++k{ax})")
             w(f"  acc = {combine}(acc, {self.ref(src, _flat(ss, sd))});")
             w(f"s{out.id}[i] = acc;")
 
@@ -217,13 +218,14 @@ class _Emitter:
 
 
 def _global(plan: S.ScanPlan, v: ir.Value, digits: list[str]) -> tuple[str, str | None]:
-    """(offset in the global array of one step, validity condition) of a local element."""
-    k = plan.kind(v)
-    if k.kind != S.BATCHED:
+    """(offset in the global array of one step, validity condition) of a block's element: along
+    its row axis (plan.row_axis) the block's rows start at row0; None: a whole value."""
+    axis = plan.row_axis(v)
+    if axis is None:
         return _flat(v.shape, digits), None
     d = list(digits)
-    row = d[k.axis]
-    d[k.axis] = f"(row0 + {row})"
+    row = d[axis]
+    d[axis] = f"(row0 + {row})"
     return _flat(v.shape, d), f"{row} < nrows"
 
 
@@ -238,12 +240,12 @@ def render(plan: S.ScanPlan):
         params.append("void* __restrict__ ws")
     params.append(ROWS_PARAM)
 
-    arrays, offset = Writer(1), 0
-    for v in S.stored(dict(plan.kinds), body):
+    arrays = Writer(1)
+    stored = S.stored(dict(plan.kinds), body)
+    offsets, _ = S.shared_layout(stored, em.size)
+    for v in stored:
         ct = CTYPE[v.dtype]
-        arrays(f"{ct}* s{v.id} = reinterpret_cast<{ct}*>(js_dyn + {offset});")
-        offset += S._aligned(em.size(v) * S._itemsize(v))
-    assert offset <= m.smem_bytes, (offset, m.smem_bytes)
+        arrays(f"{ct}* s{v.id} = reinterpret_cast<{ct}*>(js_dyn + {offsets[v.id]});")
 
     nc, ncar = plan.num_consts, plan.num_carry
     xs_first = nc + ncar
@@ -352,43 +354,10 @@ def _load_step(w: Writer, em: _Emitter, plan: S.ScanPlan, v: ir.Value, k: int, s
 
 def _store(w: Writer, em: _Emitter, plan: S.ScanPlan, y: ir.Atom, dst: ir.Value, j: int, step: str | None):
     """Result j's elements from body value `y`: its block's rows (a whole value: block 0)."""
-    shape = em.shape(y) if em.kind(y).kind != S.SCALAR else _scalar_local_shape(plan, y)
-    n = math.prod(shape)
+    shape = plan.rows_shape(y)
     st = STYPE[dst.dtype]
-    one = em.kind(y).kind in (S.UNIFORM, S.SCALAR) and _batched_like(plan, y) is None
-    with w.block(f"for (int e = tid; e < {n}; e += BLOCK) {{"):
-        digits = _digits(shape, "e")
-        kind = em.kind(y)
-        if kind.kind == S.SCALAR:
-            axis = _batched_like(plan, y)
-            off = _flat(y.shape, digits) if axis is None else None
-            ok = None
-            if axis is not None:
-                d = list(digits)
-                ok = f"{d[axis]} < nrows"
-                d[axis] = f"(row0 + {d[axis]})"
-                off = _flat(y.shape, d)
-        else:
-            off, ok = _global(plan, y, digits)
+    with w.block(f"for (int e = tid; e < {math.prod(shape)}; e += BLOCK) {{"):
+        off, ok = _global(plan, y, _digits(shape, "e"))
         if step is not None:
             off = f"(long long){step} * {y.size} + {off}"
-        conds = [c for c in (ok, "blockIdx.x == 0" if one else None) if c]
-        line = f"out{j}[{off}] = js_io<{st}>::put({em.ref(y, 'e')});"
-        w(f"if ({' && '.join(conds)}) {line}" if conds else line)
-
-
-def _batched_like(plan: S.ScanPlan, y: ir.Atom) -> int | None:
-    """A broadcast result's batch axis: where its shape has the batch size (its rows are the
-    block's), or None (block 0 writes it whole)."""
-    m = plan.mapping
-    if m.batch > 1 and isinstance(y, ir.Value) and m.batch in y.shape:
-        return y.shape.index(m.batch)
-    return None
-
-
-def _scalar_local_shape(plan: S.ScanPlan, y: ir.Atom) -> tuple[int, ...]:
-    """A broadcast result's shape in one block: its rows if it has the batch size, else whole."""
-    axis = _batched_like(plan, y)
-    if axis is None:
-        return y.shape
-    return tuple(plan.mapping.rows if d == axis else n for d, n in enumerate(y.shape))
+        w(f"if ({ok or 'blockIdx.x == 0'}) out{j}[{off}] = js_io<{st}>::put({em.ref(y, 'e')});")

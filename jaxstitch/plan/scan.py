@@ -88,11 +88,23 @@ class ScanPlan:
         return self._kind_of[a.id]
 
     def local_shape(self, v: ir.Value) -> tuple[int, ...]:
-        """A value's shape in one block: its batch axis cut to the block's rows."""
-        k = self.kind(v)
-        if k.kind != BATCHED:
-            return v.shape
-        return tuple(self.mapping.rows if d == k.axis else n for d, n in enumerate(v.shape))
+        """A value's shape in one block's storage: its batch axis cut to the block's rows."""
+        return block_shape(v, self.kind(v), self.mapping.rows)
+
+    def row_axis(self, a: ir.Atom) -> int | None:
+        """The axis along which a block holds (or writes) only its own rows: a batched value's, or
+        a broadcast's that has the batch size (its rows are the block's); None: whole."""
+        k = self.kind(a)
+        if k.kind == BATCHED:
+            return k.axis
+        batch = self.mapping.batch
+        if k.kind == SCALAR and batch > 1 and isinstance(a, ir.Value) and batch in a.shape:
+            return a.shape.index(batch)
+        return None
+
+    def rows_shape(self, a: ir.Value) -> tuple[int, ...]:
+        """What one block writes of a result: its rows along `row_axis`, or the whole value."""
+        return cut(a.shape, self.row_axis(a), self.mapping.rows)
 
     @property
     def carries(self) -> tuple[tuple[ir.Value, ir.Atom], ...]:
@@ -117,10 +129,20 @@ class ScanPlan:
         return f"persistent scan: {m.length} steps of {len(self.body.ops)} ops, {rows}{sums}"
 
 
+def cut(shape: tuple[int, ...], axis: int | None, rows: int) -> tuple[int, ...]:
+    """`shape` with its axis `axis` (None: none) cut to a block's `rows`."""
+    return shape if axis is None else tuple(rows if d == axis else n for d, n in enumerate(shape))
+
+
+def block_shape(v: ir.Value, kind: Kind, rows: int) -> tuple[int, ...]:
+    """A value's shape in one block's storage: batched values are cut to the block's rows."""
+    return cut(v.shape, kind.axis if kind.kind == BATCHED else None, rows)
+
+
 def body_reason(body: ir.Graph) -> str | None:
     """Why a scan body cannot run inside one kernel, or None."""
     for op in body.ops:
-        if op.prim not in opdefs.ELEMENTWISE | RENAMES | SHAPED | REDUCES | {"broadcast_in_dim"}:
+        if op.prim not in opdefs.ELEMENTWISE | RENAMES | SHAPED | REDUCES:
             return f"{op.prim} in the scan body"
         if op.prim == "dot_general" and any(op.param("dimension_numbers", ((), ()))[1]):
             return "a batched dot_general in the scan body"
@@ -282,12 +304,12 @@ def find_kinds(body: ir.Graph, num_consts: int, num_carry: int) -> list[tuple[in
     """[(batch size, each body value's kind)] for each size among the carries' and per-step
     inputs' under which rows never mix (most common sizes first), and for 1 (no batch axis)."""
     sizes = Counter(d for v in body.inputs[num_consts:] for d in set(v.shape) if d > 1)
+    carries = frozenset(v.id for v in body.inputs[num_consts:num_consts + num_carry])
     why, found = None, []
     for batch in [b for b, _ in sizes.most_common()] + [1]:
         partial: frozenset[int] = frozenset()
         for _ in range(num_carry + 1):
             try:
-                carries = frozenset(v.id for v in body.inputs[num_consts:num_consts + num_carry])
                 kinds = _kinds(body, _input_kinds(body, num_consts, batch, partial), batch, carries)
             except Unplannable as e:
                 why = why or str(e)
@@ -368,15 +390,14 @@ def plan_scan(region: Region, body: ir.Graph, target: Target) -> tuple[ScanPlan,
     options = []
     for batch, kinds in find_kinds(body, num_consts, num_carry):
         rows = -(-batch // target.sm_count)
-        local = _Local(kinds, rows)
-        smem = sum(_aligned(local.size(v) * _itemsize(v)) for v in stored(kinds, body))
-        options.append((smem, -batch, batch, kinds, rows, local))
+        _, smem = shared_layout(stored(kinds, body), lambda v: _block_size(v, kinds, rows))
+        options.append((smem, -batch, batch, kinds, rows))
     # the batch axis that leaves a block the least to hold (then the most blocks)
-    smem, _, batch, kinds, rows, local = min(options, key=lambda o: o[:2])
+    smem, _, batch, kinds, rows = min(options, key=lambda o: o[:2])
     grid = -(-batch // rows)
     if smem > target.smem_optin:
         raise Unplannable(f"a block would need {smem} bytes of shared memory (at most {target.smem_optin})")
-    widest = max([local.size(o) for o in body.ops for o in o.outputs] + [local.size(v) for v in body.inputs])
+    widest = max(_block_size(v, kinds, rows) for v in [*body.inputs, *(o for op in body.ops for o in op.outputs)])
     block = 256 if widest >= 256 else max(64, -(-widest // 32) * 32)
     partial = [v for v in body.inputs[num_consts:num_consts + num_carry] if kinds[v.id].kind == PARTIAL]
     workspace = sum(grid * v.size * 4 for v in partial)
@@ -391,13 +412,18 @@ def plan_scan(region: Region, body: ir.Graph, target: Target) -> tuple[ScanPlan,
     return plan, estimate(plan, target)
 
 
-class _Local:
-    def __init__(self, kinds, rows):
-        self.kinds, self.rows = kinds, rows
+def _block_size(v: ir.Value, kinds: dict[int, Kind], rows: int) -> int:
+    return math.prod(block_shape(v, kinds[v.id], rows))
 
-    def size(self, v: ir.Value) -> int:
-        k = self.kinds[v.id]
-        return v.size // v.shape[k.axis] * self.rows if k.kind == BATCHED else v.size
+
+def shared_layout(values, size) -> tuple[dict[int, int], int]:
+    """Each value's byte offset in a block's shared memory (`size(v)` elements of 4 bytes, bools
+    1, each array 16-byte aligned) and the bytes in all."""
+    offsets, total = {}, 0
+    for v in values:
+        offsets[v.id] = total
+        total += _aligned(size(v) * _itemsize(v))
+    return offsets, total
 
 
 def _itemsize(v: ir.Value) -> int:
@@ -449,4 +475,4 @@ def estimate(plan: ScanPlan, target: Target) -> cost.Estimate:
 
 
 def plan_size(plan: ScanPlan, v: ir.Value) -> int:
-    return math.prod(plan.local_shape(v))
+    return _block_size(v, plan._kind_of, plan.mapping.rows)
