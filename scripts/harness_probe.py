@@ -1,0 +1,86 @@
+"""Why a model's step time differs between examples/train_harness.py and scripts/step_ab.py: the
+same train step timed in one process, in turns, as each of them calls it, with one difference at a
+time. For each variant and round it prints the wall time per step and the time the loop took to
+hand all its steps to the runtime (dispatch): where dispatch is close to the wall time, the host,
+not the GPU, sets the pace.
+
+    python3 scripts/harness_probe.py --model dien [--rounds 5 --steps 24]
+
+Variants (all donate the state):
+  bound   : jit(partial(step, graphdef)), a new batch each step (train_harness.run's call)
+  bound1  : the same, one batch for every step
+  static  : jit(step, static_argnums=0), one batch (step_ab.py's call)
+  staticN : the same, a new batch each step
+then train_harness.run itself, once per compiler, for its own number.
+"""
+import argparse
+import functools
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "examples")]
+
+import jax  # noqa: E402
+
+import jaxstitch  # noqa: E402
+import train_harness  # noqa: E402
+from example_models import load_example, model_arguments  # noqa: E402
+
+
+def main():
+    p = model_arguments(argparse.ArgumentParser())
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--steps", type=int, default=24, help="steps per round")
+    p.add_argument("--harness-steps", type=int, default=100)
+    args = p.parse_args()
+    example, init, make_batch = load_example(args)
+    batches = jax.block_until_ready([make_batch(i) for i in range(args.steps)])
+    step = example.train_step
+
+    def prepare(jit, style):
+        graphdef, state = init()
+        if style.startswith("bound"):
+            f = jit(functools.partial(step, graphdef), donate_argnums=(0,))
+            call = lambda s, b: f(s, b)  # noqa: E731
+        else:
+            f = jit(step, static_argnums=(0,), donate_argnums=(1,))
+            call = lambda s, b: f(graphdef, s, b)  # noqa: E731
+        one = style in ("bound1", "static")
+        for b in batches[:3]:
+            _, state = call(state, b)
+        jax.block_until_ready(state)
+        return {"call": call, "state": state, "one": one, "wall": [], "dispatch": []}
+
+    variants = {}
+    for jname, jit in (("jax.jit", jax.jit), ("jaxstitch", jaxstitch.jit)):
+        for style in ("bound", "bound1", "static", "staticN"):
+            variants[f"{jname} {style}"] = prepare(jit, style)
+    for _ in range(args.rounds):
+        for v in variants.values():
+            state, call = v["state"], v["call"]
+            t = time.perf_counter()
+            for i in range(args.steps):
+                _, state = call(state, batches[0] if v["one"] else batches[i])
+            d = time.perf_counter()
+            jax.block_until_ready(state)
+            e = time.perf_counter()
+            v["state"] = state
+            v["wall"].append((e - t) * 1e3 / args.steps)
+            v["dispatch"].append((d - t) * 1e3 / args.steps)
+    print(f"{args.model} on {jax.devices()[0].device_kind}: ms per step, median of {args.rounds} rounds "
+          f"of {args.steps} (range), and the dispatch loop's share")
+    for name, v in variants.items():
+        w, dsp = statistics.median(v["wall"]), statistics.median(v["dispatch"])
+        print(f"  {name:20s} wall {w:7.2f} ({min(v['wall']):.2f}-{max(v['wall']):.2f})  "
+              f"dispatch {dsp:7.2f}")
+    variants.clear()
+    for name, jit in (("jax.jit", jax.jit), ("jaxstitch.jit", jaxstitch.jit)):
+        r = train_harness.run(name, jit, step, init, make_batch, args.harness_steps)
+        print(f"  train_harness.run {name:14s} {r.step_ms:7.2f} ms/step")
+
+
+if __name__ == "__main__":
+    main()
