@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import datetime
 import functools
+import gc
 import json
 import re
 import sys
@@ -61,7 +62,8 @@ def run(name: str, jit: Callable, step, init: Callable, batch: Callable, steps: 
         place: Callable = lambda tree, kind: tree) -> Run:
     """`steps` train steps from `init()` (graphdef, state) on `batch(i)`. After `warm` steps (the
     first compiles), the rest are dispatched back to back, as a training loop does, and the step time
-    is their wall time over their number: the host's dispatch overlaps the GPU's work. `place(tree,
+    is their wall time over their number: the host's dispatch overlaps the GPU's work. The garbage
+    collector waits while they run, as under timeit. `place(tree,
     kind)` puts the state (kind "state") and each batch ("batch") on devices (examples/dp_train.py)."""
     graphdef, state = init()
     state = place(state, "state")
@@ -79,12 +81,17 @@ def run(name: str, jit: Callable, step, init: Callable, batch: Callable, steps: 
     for b in batches[:warm]:
         loss, state = f(state, b)
         losses.append(float(loss))
-    t = time.perf_counter()
-    for b in batches[warm:]:
-        loss, state = f(state, b)
-        losses.append(loss)
-    jax.block_until_ready((losses, state))
-    step_ms = 1e3 * (time.perf_counter() - t) / max(1, steps - warm)
+    gc.collect()  # (as timeit does: a full collection, ~0.1 s with JAX loaded, would land in
+    gc.disable()  # one compiler's timed steps or the other's by chance)
+    try:
+        t = time.perf_counter()
+        for b in batches[warm:]:
+            loss, state = f(state, b)
+            losses.append(loss)
+        jax.block_until_ready((losses, state))
+        step_ms = 1e3 * (time.perf_counter() - t) / max(1, steps - warm)
+    finally:
+        gc.enable()
     return Run(name, [float(x) for x in losses], step_ms, compile_s, kernels, memory, collectives)
 
 

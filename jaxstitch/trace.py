@@ -379,7 +379,7 @@ def with_bodies(eqn: Eqn, new: dict) -> Eqn:
         body = new.get(key)
         if body is None or isinstance(old, jcore.ClosedJaxpr):
             return old if body is None else body
-        if body.consts:
+        if body.consts or body.jaxpr.constvars:
             log.info("a %s body keeps XLA's ops: its stitched form has constants", eqn.primitive.name)
             return old
         return body.jaxpr

@@ -15,6 +15,7 @@ then train_harness.run itself, once per compiler, for its own number.
 """
 import argparse
 import functools
+import gc
 import os
 import statistics
 import sys
@@ -34,7 +35,10 @@ def main():
     p = model_arguments(argparse.ArgumentParser())
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=24, help="steps per round")
-    p.add_argument("--harness-steps", type=int, default=100)
+    p.add_argument("--harness-steps", type=int, default=100, help="0: leave train_harness.run out")
+    p.add_argument("--gc", choices=["on", "off"], default="on",
+                   help="off: the garbage collector disabled while timing (as timeit does)")
+    p.add_argument("--styles", nargs="*", default=["bound", "bound1", "static", "staticN"])
     args = p.parse_args()
     example, init, make_batch = load_example(args)
     batches = jax.block_until_ready([make_batch(i) for i in range(args.steps)])
@@ -56,8 +60,21 @@ def main():
 
     variants = {}
     for jname, jit in (("jax.jit", jax.jit), ("jaxstitch", jaxstitch.jit)):
-        for style in ("bound", "bound1", "static", "staticN"):
+        for style in args.styles:
             variants[f"{jname} {style}"] = prepare(jit, style)
+    pauses = []  # (generation, ms) of every collection while timing
+    start = {}
+
+    def watch(phase, info):
+        if phase == "start":
+            start["t"] = time.perf_counter()
+        else:
+            pauses.append((info["generation"], (time.perf_counter() - start["t"]) * 1e3))
+
+    gc.collect()
+    gc.callbacks.append(watch)
+    if args.gc == "off":
+        gc.disable()
     for _ in range(args.rounds):
         for v in variants.values():
             state, call = v["state"], v["call"]
@@ -70,14 +87,18 @@ def main():
             v["state"] = state
             v["wall"].append((e - t) * 1e3 / args.steps)
             v["dispatch"].append((d - t) * 1e3 / args.steps)
+    gc.callbacks.remove(watch)
+    gc.enable()
+    full = [ms for g, ms in pauses if g == 2]
     print(f"{args.model} on {jax.devices()[0].device_kind}: ms per step, median of {args.rounds} rounds "
-          f"of {args.steps} (range), and the dispatch loop's share")
+          f"of {args.steps} (range), and the dispatch loop's share; gc {args.gc}: {len(pauses)} "
+          f"collections while timing, {len(full)} full ones ({sum(full):.0f} ms)")
     for name, v in variants.items():
         w, dsp = statistics.median(v["wall"]), statistics.median(v["dispatch"])
         print(f"  {name:20s} wall {w:7.2f} ({min(v['wall']):.2f}-{max(v['wall']):.2f})  "
               f"dispatch {dsp:7.2f}")
     variants.clear()
-    for name, jit in (("jax.jit", jax.jit), ("jaxstitch.jit", jaxstitch.jit)):
+    for name, jit in (("jax.jit", jax.jit), ("jaxstitch.jit", jaxstitch.jit))[:2 if args.harness_steps else 0]:
         r = train_harness.run(name, jit, step, init, make_batch, args.harness_steps)
         print(f"  train_harness.run {name:14s} {r.step_ms:7.2f} ms/step")
 
