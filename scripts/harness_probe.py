@@ -39,6 +39,9 @@ def main():
     p.add_argument("--gc", choices=["on", "off"], default="on",
                    help="off: the garbage collector disabled while timing (as timeit does)")
     p.add_argument("--styles", nargs="*", default=["bound", "bound1", "static", "staticN"])
+    p.add_argument("--harness-variants", type=int, default=0, metavar="REPEATS",
+                   help="also train_harness.run's loop for jaxstitch.jit with one of its extras left out "
+                        "at a time (lower + compile first; the losses kept), REPEATS times in turns")
     args = p.parse_args()
     example, init, make_batch = load_example(args)
     batches = jax.block_until_ready([make_batch(i) for i in range(args.steps)])
@@ -101,6 +104,40 @@ def main():
     for name, jit in (("jax.jit", jax.jit), ("jaxstitch.jit", jaxstitch.jit))[:2 if args.harness_steps else 0]:
         r = train_harness.run(name, jit, step, init, make_batch, args.harness_steps)
         print(f"  train_harness.run {name:14s} {r.step_ms:7.2f} ms/step")
+    if args.harness_variants:
+        many = jax.block_until_ready([make_batch(i) for i in range(args.harness_steps or 100)])
+        times = {}
+        for _ in range(args.harness_variants):
+            for compile_first in (True, False):
+                for keep in (True, False):
+                    ms = harness_loop(jaxstitch.jit, step, init, many, compile_first, keep)
+                    times.setdefault((compile_first, keep), []).append(ms)
+        for (compile_first, keep), ms in times.items():
+            print(f"  harness loop, lower+compile first {compile_first!s:5s} losses kept {keep!s:5s}: "
+                  + " ".join(f"{m:.2f}" for m in ms) + " ms/step")
+
+
+def harness_loop(jit, step, init, batches, compile_first, keep, warm=3):
+    """train_harness.run's timed loop (collector off), with its extras optional."""
+    graphdef, state = init()
+    f = jit(functools.partial(step, graphdef), donate_argnums=(0,))
+    if compile_first:
+        f.lower(state, batches[0]).compile()
+    for b in batches[:warm]:
+        loss, state = f(state, b)
+        float(loss)
+    losses = []
+    gc.collect()
+    gc.disable()
+    t = time.perf_counter()
+    for b in batches[warm:]:
+        loss, state = f(state, b)
+        if keep:
+            losses.append(loss)
+    jax.block_until_ready((losses, state))
+    ms = 1e3 * (time.perf_counter() - t) / (len(batches) - warm)
+    gc.enable()
+    return ms
 
 
 if __name__ == "__main__":
