@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 from typing import Any, Callable, Sequence
 
 import jax
@@ -17,8 +16,6 @@ import numpy as np
 from jax.extend import core as jcore
 
 from . import ir, prng
-
-log = logging.getLogger("jaxstitch")
 
 _INLINED = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
             "custom_vjp_call_jaxpr", "checkpoint", "remat")
@@ -309,17 +306,16 @@ _BODY_PARAMS = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond
 
 def bodies(eqn: Eqn) -> list[tuple[tuple[str, int], Any]]:
     """(key, ClosedJaxpr) for each body of a control-flow equation; key = (param, branch index).
-    A body held as an open Jaxpr without constants (a scan's under jax 0.11) is closed here, and
-    `with_bodies` opens its replacement again."""
+    (jax 0.11 merged the classes, `ClosedJaxpr = Jaxpr`, the constants carried by the Jaxpr: a
+    scan's body there is such a Jaxpr and is planned like any other; session 26 checked this on
+    the GPU machine's jax 0.11.2.)"""
     out = []
     for name in _BODY_PARAMS.get(eqn.primitive.name, ()):
         val = eqn.params.get(name)
         items = val if isinstance(val, (tuple, list)) else (val,)
-        for i, body in enumerate(items):
-            if isinstance(body, jcore.ClosedJaxpr):
-                out.append(((name, i), body))
-            elif isinstance(body, jcore.Jaxpr) and not body.constvars:
-                out.append(((name, i), jcore.ClosedJaxpr(body, ())))
+        for i, closed in enumerate(items):
+            if isinstance(closed, jcore.ClosedJaxpr):
+                out.append(((name, i), closed))
     return out
 
 
@@ -372,25 +368,14 @@ def scan_body(eqn: Eqn) -> ir.Graph | None:
 
 
 def with_bodies(eqn: Eqn, new: dict) -> Eqn:
-    """`eqn` with the bodies named in `new` ({key: ClosedJaxpr}, keys as from `bodies`) replaced. A
-    body the equation holds open takes the replacement's open Jaxpr; a replacement with constants
-    cannot be held open, and that body is kept as it was (its regions then run through XLA)."""
-    def swap(key, old):
-        body = new.get(key)
-        if body is None or isinstance(old, jcore.ClosedJaxpr):
-            return old if body is None else body
-        if body.consts or body.jaxpr.constvars:
-            log.info("a %s body keeps XLA's ops: its stitched form has constants", eqn.primitive.name)
-            return old
-        return body.jaxpr
-
+    """`eqn` with the bodies named in `new` ({key: ClosedJaxpr}, keys as from `bodies`) replaced."""
     params = dict(eqn.params)
     for name in _BODY_PARAMS.get(eqn.primitive.name, ()):
         val = params[name]
         if isinstance(val, (tuple, list)):
-            params[name] = type(val)(swap((name, i), c) for i, c in enumerate(val))
+            params[name] = type(val)(new.get((name, i), c) for i, c in enumerate(val))
         else:
-            params[name] = swap((name, 0), val)
+            params[name] = new.get((name, 0), val)
     return dataclasses.replace(eqn, params=params)
 
 

@@ -9,8 +9,6 @@ planned and stitched too. Here the kernels run through their XLA fallback; the G
 """
 from __future__ import annotations
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -298,37 +296,6 @@ def test_a_body_without_stitched_regions_is_left_as_it_was(monkeypatch):
     assert stitched_kernels(ours) == 0
     assert str(plain).count("scan[") == str(ours).count("scan[") == 1
     _check_close(_cpu_stitch(f)(xs), jax.jit(f)(xs))
-
-
-def test_an_open_scan_body_is_planned_and_given_back_open():
-    """jax 0.11 holds a scan's body as an open Jaxpr: `bodies` closes it for planning and
-    `with_bodies` puts the stitched body back open (a closed one would not bind there)."""
-    from jax.extend import core as jcore
-
-    f, specs, _ = CONTROL_FLOW["scan_gru"]
-    args = random_inputs(specs, 3)
-    traced = trace.trace(f, args, jax.tree_util.tree_structure((tuple(args), {})))
-    eqn = next(e for e in traced.eqns if e.primitive.name == "scan")
-    body = eqn.params["jaxpr"]  # (closed under jax 0.10, open under 0.11)
-    body = body if isinstance(body, jcore.ClosedJaxpr) else jcore.ClosedJaxpr(body, ())
-    assert not body.consts
-    opened = dataclasses.replace(eqn, params={**eqn.params, "jaxpr": body.jaxpr})
-    closed = dataclasses.replace(eqn, params={**eqn.params, "jaxpr": body})
-    [(key, got)] = trace.bodies(opened)
-    assert key == ("jaxpr", 0) and isinstance(got, jcore.ClosedJaxpr) and got.jaxpr is body.jaxpr
-    new_body = jax.make_jaxpr(lambda *a: [x * 1.0 for x in jcore.jaxpr_as_fun(got)(*a)])(
-        *trace.in_avals(got))
-    assert trace.with_bodies(opened, {key: new_body}).params["jaxpr"] is new_body.jaxpr
-    assert trace.with_bodies(closed, {key: new_body}).params["jaxpr"] is new_body
-    ones = [jnp.ones(a.shape, a.dtype) for a in got.in_avals]  # (closed over: constants)
-    with_consts = jax.make_jaxpr(lambda *a: [x * 1.0 for x in jcore.jaxpr_as_fun(got)(
-        *[u * o for u, o in zip(a, ones)])])(*trace.in_avals(got))
-    assert with_consts.consts
-    # Its constants are never dropped: jax 0.10 keeps the old body; jax 0.11, whose Jaxpr carries
-    # its constants (make_jaxpr returns one), takes it whole.
-    kept = trace.with_bodies(opened, {key: with_consts}).params["jaxpr"]
-    assert kept is body.jaxpr or (kept is with_consts and len(kept.consts) == len(with_consts.consts)), \
-        (type(with_consts), type(kept))
 
 
 # ---------------------------------------------------------------------------------------------------
