@@ -54,6 +54,7 @@ def main():
     p.add_argument("-o", "--output", default="train_steps.svg")
     args = p.parse_args()
     records = [json.load(open(path)) for path in args.results]
+    records = [r for r in records if "runs" in r]  # (docs/results/ also holds the benchmark's tables)
     with open(args.output, "w") as f:
         f.write(svg(records))
     print(f"wrote {args.output} ({len(records)} models)")
