@@ -273,7 +273,7 @@ def compile_scan(region, eqn, target: Target, cfg: Config) -> Compiled:
     if body is None:
         return declined("its body captures arrays")
     try:
-        kernel, est = scan_mod.plan_scan(region, body, target)
+        kernel, est = scan_mod.plan_scan(region, body, target, bool(cfg.tuning.scan_sums))
     except Unplannable as e:
         return declined(f"one kernel cannot hold it: {e}")
     except Exception as e:  # noqa: BLE001 - a planner bug must leave the loop to XLA, not break the program

@@ -63,6 +63,53 @@ def test_gru_gradient_sums_the_weight_gradient_over_rows():
     assert (plan.mapping.grid, plan.mapping.rows) == (128, 2)
 
 
+def test_weight_gradient_is_summed_into_its_carry_in_place():
+    """The backward scan adds transpose(dg^T @ h) to its weight-gradient carry: the product goes
+    into the carry's array as it is computed (no product, transpose or sum array, no copy after the
+    step); the forward scan, which has no sum over rows, keeps every op."""
+    forward, backward = scan_plans(gru_grad, gru_inputs(256))
+    assert forward[0].in_place == ()
+    plan = backward[0]
+    [s] = plan.in_place
+    [(carry, _)] = [(v, o) for v, o in plan.carries if plan.kind(v).kind == S.PARTIAL]
+    assert s.carry == carry.id and s.perm == (1, 0)
+    assert [plan.body.ops[i].prim for i in (s.dot, *s.elided)] == ["dot_general", "transpose", "add_any"]
+    code = codegen.render(plan).code
+    assert f"s{carry.id}[i] += acc;" in code and code.count("+= acc;") == 1
+    gone = {o.id for i in (s.dot, *s.elided) for o in plan.body.ops[i].outputs}
+    assert not gone & {v.id for v in S.stored(dict(plan.kinds), plan.body, plan.in_place)}
+    assert not any(f"float* s{i} " in code for i in gone)
+    whole = S.shared_layout(S.stored(dict(plan.kinds), plan.body), lambda v: S.plan_size(plan, v))[1]
+    assert plan.mapping.smem_bytes == whole - 3 * 36 * 108 * 4
+
+
+def test_scan_sums_off_keeps_the_product_its_own_passes(monkeypatch):
+    """JAXSTITCH_TUNE=scan_sums=0 (for A/B runs): the product, transpose, add and copy as written,
+    in a kernel that still compiles; the cost model then expects the backward scan to be slower."""
+    fn, make, _ = CASES["gru_grad"]
+    def scans():
+        return [r for r in jaxstitch.explain(fn, *make(), target="h100").regions if r.ops == ("scan",)]
+    default = scans()
+    monkeypatch.setenv("JAXSTITCH_TUNE", "scan_sums=0")
+    plain = scans()
+    assert [r.stitched for r in plain] == [r.stitched for r in default] == [True, True]
+    assert plain[0].est_us == default[0].est_us and plain[1].est_us > default[1].est_us
+    _, backward = scan_plans(gru_grad, gru_inputs(256))
+    code = codegen.render(dataclasses.replace(backward[0], in_place=())).code
+    assert "+= acc;" not in code and code.count("__syncthreads();") > codegen.render(backward[0]).code.count(
+        "__syncthreads();")
+    if nvrtc.available():
+        assert nvrtc.compile_cubin(code, "sm_90")[1] is not None
+
+
+def test_a_bias_gradient_carry_is_not_a_product_in_place():
+    """A sum over rows from a reduction (a bias gradient) keeps its add and copy: only products are
+    summed in place."""
+    fn, make, _ = CASES["bias_sum"]
+    [(plan, _)] = scan_plans(fn, make())
+    assert any(plan.kind(v).kind == S.PARTIAL for v, _ in plan.carries) and plan.in_place == ()
+
+
 def test_batch_axis_is_the_one_that_keeps_blocks_small():
     """Both 256 (the batch) and 36 (the features) appear in every per-step input; only the batch
     leaves each block a few rows of each value."""

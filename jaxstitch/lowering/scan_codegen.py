@@ -53,6 +53,12 @@ class _Emitter:
                 self.root[op.outputs[0].id] = self.root.get(op.inputs[0].id, op.inputs[0].id)
         self.scalars: set[int] = {v for v, k in plan.kinds if k.kind == S.SCALAR}
         self.dirty: set[int] = set()
+        # products summed into a carry as they are computed; the carry's new value is its own array
+        self.into = {s.dot: s for s in plan.in_place}
+        self.elided = {i for s in plan.in_place for i in s.elided}
+        for s in plan.in_place:
+            new = self.body.outputs[list(v.id for v in self.body.inputs).index(s.carry) - plan.num_consts]
+            self.root[new.id] = s.carry
 
     def kind(self, a) -> S.Kind:
         return self.plan.kind(a)
@@ -83,9 +89,9 @@ class _Emitter:
             self.dirty.clear()
 
     # ---- ops ----------------------------------------------------------------------------------
-    def op(self, w: Writer, op: ir.Op):
+    def op(self, w: Writer, op: ir.Op, index: int):
         out = op.outputs[0]
-        if op.prim in S.RENAMES and out.id not in self.scalars:
+        if (op.prim in S.RENAMES and out.id not in self.scalars) or index in self.elided:
             return
         if out.id in self.scalars:
             # a broadcast value: every thread keeps it in a register (reading element 0 of a
@@ -104,6 +110,8 @@ class _Emitter:
             with self.loop(w, out):
                 d = _digits(self.shape(out), "i")
                 w(f"s{out.id}[i] = {expression(op, [self._at(a, out, d) for a in op.inputs])};")
+        elif index in self.into:
+            self._dot_general(w, op, self.into[index])
         else:
             getattr(self, "_" + op.prim)(w, op)
         self.dirty.update(o.id for o in op.outputs)
@@ -176,14 +184,22 @@ class _Emitter:
                 w(f"{head} ({cond}) {line}" if cond else (f"else {line}" if not first else line))
                 offset, first = offset + n, False
 
-    def _dot_general(self, w, op):
+    def _dot_general(self, w, op, into: S.InPlaceSum | None = None):
+        """out = the product; with `into`, carry += the product (transposed by into.perm), the
+        loop running over the carry's elements (each thread its own: no barrier for the carry)."""
         lhs, rhs = op.inputs
         out = op.outputs[0]
         lc, rc = S._dot_dims(op)
         ls, rs = self.shape(lhs), self.shape(rhs)
         lfree, rfree = S._free(len(ls), lc), S._free(len(rs), rc)
-        with self.loop(w, out):
-            d = _digits(self.shape(out), "i")
+        dst = out if into is None else next(v for v in self.body.inputs if v.id == into.carry)
+        with self.loop(w, dst):
+            d = _digits(self.shape(dst), "i")
+            if into is not None and into.perm is not None:  # the product's digits from the carry's
+                pd = [None] * len(into.perm)
+                for j, p in enumerate(into.perm):
+                    pd[p] = d[j]
+                d = pd
             ld, rd = [None] * len(ls), [None] * len(rs)
             for j, ax in enumerate(lfree):
                 ld[ax] = d[j]
@@ -195,7 +211,7 @@ class _Emitter:
                 ld[a] = rd[b] = f"k{n}"
                 w(f"for (int k{n} = 0; k{n} < {self.bound(lhs, a)}; ++k{n})")
             w(f"  acc += {self.ref(lhs, _flat(ls, ld))} * {self.ref(rhs, _flat(rs, rd))};")
-            w(f"s{out.id}[i] = acc;")
+            w(f"s{out.id}[i] = acc;" if into is None else f"s{into.carry}[i] += acc;")
 
     def _reduce(self, w, op):
         src, out = op.inputs[0], op.outputs[0]
@@ -241,7 +257,7 @@ def render(plan: S.ScanPlan):
     params.append(ROWS_PARAM)
 
     arrays = Writer(1)
-    stored = S.stored(dict(plan.kinds), body)
+    stored = S.stored(dict(plan.kinds), body, plan.in_place)
     offsets, _ = S.shared_layout(stored, em.size)
     for v in stored:
         ct = CTYPE[v.dtype]
@@ -274,8 +290,8 @@ def render(plan: S.ScanPlan):
                 _load_step(pre, em, plan, v, plan.sources[k], "t_next", f"pf{v.id}[q]", loop=False)
 
     w = Writer(2)
-    for op in body.ops:
-        em.op(w, op)
+    for i, op in enumerate(body.ops):
+        em.op(w, op, i)
 
     stores = Writer(2)
     for j, y in enumerate(plan.ys):

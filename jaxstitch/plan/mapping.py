@@ -61,7 +61,9 @@ class Tuning:
     family's variant runs (its samples have more); `diamonds`: 0 has the cost model take every row
     reduction for fused by XLA with the ops reading it back (plan/diamonds.py); `scans`: 0 leaves
     every `lax.scan` an XLA loop (its body planned on its own) instead of one persistent kernel
-    where that is planned to win (plan/scan.py)."""
+    where that is planned to win (plan/scan.py); `scan_sums`: 0 has a persistent scan compute a
+    product it adds to a sum-over-rows carry into an array of its own, then transpose, add and copy
+    it, as written (plan/scan.py's InPlaceSum)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -81,9 +83,11 @@ class Tuning:
     split_rows: int | None = None
     diamonds: int = 1
     scans: int = 1
+    scan_sums: int = 1
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
-              "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans")
+              "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
+              "scan_sums")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
