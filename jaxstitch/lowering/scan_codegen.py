@@ -53,12 +53,15 @@ class _Emitter:
                 self.root[op.outputs[0].id] = self.root.get(op.inputs[0].id, op.inputs[0].id)
         self.scalars: set[int] = {v for v, k in plan.kinds if k.kind == S.SCALAR}
         self.dirty: set[int] = set()
-        # products summed into a carry as they are computed; the carry's new value is its own array
-        self.into = {s.dot: s for s in plan.in_place}
+        # products summed into a carry as they are computed (dot's index -> the carry's value); the
+        # carry's new value is the carry's own array
+        sums = {s.carry: s for s in plan.in_place}
+        self.into: dict[int, tuple[S.InPlaceSum, ir.Value]] = {}
+        for v, new in plan.carries:
+            if v.id in sums:
+                self.into[sums[v.id].dot] = (sums[v.id], v)
+                self.root[new.id] = v.id
         self.elided = {i for s in plan.in_place for i in s.elided}
-        for s in plan.in_place:
-            new = self.body.outputs[list(v.id for v in self.body.inputs).index(s.carry) - plan.num_consts]
-            self.root[new.id] = s.carry
 
     def kind(self, a) -> S.Kind:
         return self.plan.kind(a)
@@ -111,7 +114,7 @@ class _Emitter:
                 d = _digits(self.shape(out), "i")
                 w(f"s{out.id}[i] = {expression(op, [self._at(a, out, d) for a in op.inputs])};")
         elif index in self.into:
-            self._dot_general(w, op, self.into[index])
+            self._dot_general(w, op, *self.into[index])
         else:
             getattr(self, "_" + op.prim)(w, op)
         self.dirty.update(o.id for o in op.outputs)
@@ -184,15 +187,15 @@ class _Emitter:
                 w(f"{head} ({cond}) {line}" if cond else (f"else {line}" if not first else line))
                 offset, first = offset + n, False
 
-    def _dot_general(self, w, op, into: S.InPlaceSum | None = None):
-        """out = the product; with `into`, carry += the product (transposed by into.perm), the
+    def _dot_general(self, w, op, into: S.InPlaceSum | None = None, carry: ir.Value | None = None):
+        """out = the product; with `into`, `carry` += the product (transposed by into.perm), the
         loop running over the carry's elements (each thread its own: no barrier for the carry)."""
         lhs, rhs = op.inputs
         out = op.outputs[0]
         lc, rc = S._dot_dims(op)
         ls, rs = self.shape(lhs), self.shape(rhs)
         lfree, rfree = S._free(len(ls), lc), S._free(len(rs), rc)
-        dst = out if into is None else next(v for v in self.body.inputs if v.id == into.carry)
+        dst = out if carry is None else carry
         with self.loop(w, dst):
             d = _digits(self.shape(dst), "i")
             if into is not None and into.perm is not None:  # the product's digits from the carry's
