@@ -393,7 +393,9 @@ def stored(plan_kinds: dict[int, Kind], body: ir.Graph, in_place=()) -> list[ir.
 
 def in_place_sums(body: ir.Graph, num_consts: int, num_carry: int, kinds: dict[int, Kind]) -> tuple[InPlaceSum, ...]:
     """The float32 sum-over-rows carries whose step is `carry + [transpose](dot(...))`, each value
-    on that path read once (by the next op on it, the carry's new value by the scan alone)."""
+    on that path read once (by the next op on it, the carry's new value by the scan alone).
+    (Half-precision carries are held as float in shared memory too, so the same code would give
+    the same bits; they wait for a GPU run that checks it.)"""
     readers = Counter(a.id for op in body.ops for a in op.inputs if isinstance(a, ir.Value))
     readers.update(a.id for a in body.outputs if isinstance(a, ir.Value))
     producer = {o.id: (i, op) for i, op in enumerate(body.ops) for o in op.outputs}
