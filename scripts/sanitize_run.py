@@ -5,7 +5,9 @@ every kind of kernel we generate (register rows, shared-memory reductions, async
 global stashes, grid barriers, scans' warp totals, combiners' warp partials, transposed tiles,
 whole recurrent scans).
 
-    compute-sanitizer --tool racecheck --kernel-name kns=jaxstitch_kernel python3 scripts/sanitize_run.py [START:STOP]
+    compute-sanitizer --tool racecheck --kernel-name kns=jaxstitch_kernel python3 scripts/sanitize_run.py [START:STOP | NAME,...]
+
+(NAME: a case's name, or the start of several: "persistent" for every scan kernel.)
 
 Regions are stitched even where the cost model would leave them to XLA, except in the optimizer
 update, whose chains are launched together (remote stitching) only because each alone is left
