@@ -369,3 +369,5 @@ def test_training_examples_run_and_match_jax_jit(example):
         assert train_harness.compare(f"tiny {example}", module.train_step, module.make_init(c, 0),
                                      module.make_batches(c, 0), steps=4, rtol=1e-5,
                                      stitch_jit=functools.partial(jaxstitch.jit, target="h100"))
+    import gc
+    assert gc.isenabled(), "the harness turns the collector off while timing, and back on after"
