@@ -319,10 +319,6 @@ def bodies(eqn: Eqn) -> list[tuple[tuple[str, int], Any]]:
     return out
 
 
-def _closed(jaxpr):
-    return jaxpr if isinstance(jaxpr, jcore.ClosedJaxpr) else jcore.ClosedJaxpr(jaxpr, ())
-
-
 def scan_parts(eqn: Eqn) -> tuple[int, int] | None:
     """(consts, carries) among a scan's operands, read off the types (the params that record them
     differ between jax versions: num_consts and num_carry, or ft_in): per-step operands and results
@@ -335,7 +331,7 @@ def scan_parts(eqn: Eqn) -> tuple[int, int] | None:
 
 
 def _scan_parts(eqn: Eqn) -> tuple[int, int] | None:
-    body = _closed(eqn.params["jaxpr"]).jaxpr
+    body = eqn.params["jaxpr"].jaxpr
     length = int(eqn.params["length"])
     ins, outs = [tuple(v.aval.shape) for v in body.invars], [tuple(v.aval.shape) for v in body.outvars]
     outer_in = [a.shape if isinstance(a, ir.Value) else () for a in eqn.inputs]
@@ -360,10 +356,7 @@ def _scan_parts(eqn: Eqn) -> tuple[int, int] | None:
 def scan_body(eqn: Eqn) -> ir.Graph | None:
     """A scan's step as a graph over its (consts, carries, xs[t]) inputs, returning (carries, ys[t]);
     None when it captures arrays of its own."""
-    jaxpr = eqn.params["jaxpr"]
-    if not isinstance(jaxpr, jcore.ClosedJaxpr) and jaxpr.constvars:
-        return None
-    graph, _, consts = _flatten(_closed(jaxpr))
+    graph, _, consts = _flatten(eqn.params["jaxpr"])  # (a ClosedJaxpr: jax 0.10's, and 0.11's Jaxpr)
     return None if consts else graph
 
 

@@ -54,9 +54,8 @@ if len(sys.argv) > 1 and ":" in sys.argv[1]:  # a slice "START:STOP" of the case
     start, _, stop = sys.argv[1].partition(":")
     cases = cases[int(start or 0):int(stop) if stop else None]
 elif len(sys.argv) > 1:  # names, comma-separated: a case of that name, else those it starts
-    wanted = sys.argv[1].split(",")  # ("persistent": the scan kernels)
-    cases = [c for c in cases if any(c[0] == w or (w not in {d[0] for d in cases} and c[0].startswith(w))
-                                     for w in wanted)]
+    wanted, names = sys.argv[1].split(","), {c[0] for c in cases}  # ("persistent": the scan kernels)
+    cases = [c for c in cases if any(c[0] == w or (w not in names and c[0].startswith(w)) for w in wanted)]
 bad = 0
 for name, shape, fn, draw in cases:
     with contextlib.nullcontext() if name in UNFORCED else force_stitching():

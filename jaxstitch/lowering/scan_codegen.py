@@ -61,7 +61,6 @@ class _Emitter:
             if v.id in sums:
                 self.into[sums[v.id].dot] = (sums[v.id], v)
                 self.root[new.id] = v.id
-        self.elided = {i for s in plan.in_place for i in s.elided}
 
     def kind(self, a) -> S.Kind:
         return self.plan.kind(a)
@@ -94,7 +93,7 @@ class _Emitter:
     # ---- ops ----------------------------------------------------------------------------------
     def op(self, w: Writer, op: ir.Op, index: int):
         out = op.outputs[0]
-        if (op.prim in S.RENAMES and out.id not in self.scalars) or index in self.elided:
+        if (op.prim in S.RENAMES and out.id not in self.scalars) or index in self.plan.elided:
             return
         if out.id in self.scalars:
             # a broadcast value: every thread keeps it in a register (reading element 0 of a

@@ -93,6 +93,11 @@ class ScanPlan:
     scheme: str = "scan"
 
     @functools.cached_property
+    def elided(self) -> frozenset[int]:
+        """Indices in body.ops of the ops not emitted: those after a product summed in place."""
+        return frozenset(i for s in self.in_place for i in s.elided)
+
+    @functools.cached_property
     def _kind_of(self) -> dict[int, Kind]:
         return dict(self.kinds)
 
@@ -502,11 +507,8 @@ def estimate(plan: ScanPlan, target: Target) -> cost.Estimate:
     or its bytes and multiply-adds where they are larger."""
     m, body = plan.mapping, plan.body
     step, fmas, total_fmas, launches = STEP_US, 0, 0, 2
-    elided = {i for s in plan.in_place for i in s.elided}
     for i, op in enumerate(body.ops):
-        if op.prim in RENAMES:
-            continue
-        if i in elided:  # (not emitted: the product goes into its carry as it is computed)
+        if op.prim in RENAMES or i in plan.elided:  # (elided: the product goes into its carry)
             continue
         out = op.outputs[0]
         per_thread = -(-max(plan_size(plan, o) for o in op.outputs) // m.block)
