@@ -46,3 +46,22 @@ def test_grad_of_a_stitched_scan(monkeypatch):
         want = jax.jit(jax.grad(loss(gru), argnums=(0, 1)))(kernel, gx)
     for i, (g, w) in enumerate(zip(got, want)):
         compare(g, w, f"grad {i}")
+
+
+@pytest.mark.parametrize("name", ["gru_grad", "gru_grad_bf16"])
+def test_sums_in_place_give_the_written_forms_bits(name, monkeypatch):
+    """The weight gradient summed into its carry in place (plan/scan.py's InPlaceSum) is the same
+    float sum, in the same order, as the product, transpose and add as written (scan_sums=0): the
+    outputs must agree bit for bit, for float32 and bfloat16 carries."""
+    monkeypatch.setenv("JAXSTITCH_POISON", "1")
+    fn, make, _ = CASES[name]
+    args = make()
+    outs = []
+    for spec in ("", "scan_sums=0"):
+        monkeypatch.setenv("JAXSTITCH_TUNE", spec)
+        [_, backward] = [r for r in jaxstitch.explain(fn, *args).regions if r.ops == ("scan",)]
+        assert backward.stitched, backward.reason
+        outs.append(jax.block_until_ready(jaxstitch.jit(fn)(*args)))
+    in_place, written = outs
+    for i, (a, b) in enumerate(zip(jax.tree.leaves(in_place), jax.tree.leaves(written))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"{name} output {i}")

@@ -397,17 +397,17 @@ def stored(plan_kinds: dict[int, Kind], body: ir.Graph, in_place=()) -> list[ir.
 
 
 def in_place_sums(body: ir.Graph, num_consts: int, num_carry: int, kinds: dict[int, Kind]) -> tuple[InPlaceSum, ...]:
-    """The float32 sum-over-rows carries whose step is `carry + [transpose](dot(...))`, each value
-    on that path read once (by the next op on it, the carry's new value by the scan alone).
-    (Half-precision carries are held as float in shared memory too, so the same code would give
-    the same bits; they wait for a GPU run that checks it.)"""
+    """The floating-point sum-over-rows carries whose step is `carry + [transpose](dot(...))`, each
+    value on that path read once (by the next op on it, the carry's new value by the scan alone).
+    Every value lives in shared memory as float (half-precision ones too), so the product added in
+    place is the same float sum as the written form's, in the same order: the same bits."""
     readers = Counter(a.id for op in body.ops for a in op.inputs if isinstance(a, ir.Value))
     readers.update(a.id for a in body.outputs if isinstance(a, ir.Value))
     producer = {o.id: (i, op) for i, op in enumerate(body.ops) for o in op.outputs}
     found = []
     carries = zip(body.inputs[num_consts:num_consts + num_carry], body.outputs[:num_carry])
     for v, new in carries:
-        if (kinds[v.id].kind != PARTIAL or v.dtype != "float32" or not isinstance(new, ir.Value)
+        if (kinds[v.id].kind != PARTIAL or v.dtype not in ir.FLOAT_DTYPES or not isinstance(new, ir.Value)
                 or new.id not in producer or readers[v.id] != 1 or readers[new.id] != 1):
             continue
         i_add, add = producer[new.id]
