@@ -6,7 +6,13 @@ the update is one part of a single jitted call, so its GPU time is what counts. 
 torch's CUPTI profiler (on the GPU machines, not a jaxstitch dependency): per call, the span from
 the first kernel's start to the last one's end, and the kernels in it; medians over calls.
 
-    python3 scripts/device_time.py [--calls 7] [--only adamw_bert] [--quick]
+    python3 scripts/device_time.py [--calls 7] [--only adamw_bert | --all] [--quick]
+        [--dtype bfloat16] [--tune "stages=2" ...]
+
+Any call shorter than the host's dispatch of it (30-60 µs a call on the GPU machines, for jax.jit as
+for us) is timed by the benchmark's back-to-back loop as host time; its GPU span is what the
+kernels take. `--tune SPEC...` times stitched variants planned with JAXSTITCH_TUNE=SPEC on GPU
+time too (the benchmark's own `--tune` compares wall times).
 """
 import argparse
 import json
@@ -58,17 +64,24 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=7)
     ap.add_argument("--only", nargs="*", default=list(HOST_BOUND))
+    ap.add_argument("--all", action="store_true", help="every workload of the suite")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "all"], default="all")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tune", nargs="+", metavar="SPEC", default=[],
+                    help='also time stitched variants planned with JAXSTITCH_TUNE=SPEC')
     opts = ap.parse_args()
+    names = list(WORKLOADS) if opts.all else opts.only
+    dtypes = ("float32", "bfloat16") if opts.dtype == "all" else (opts.dtype,)
+    variants = []
     bandwidth = bench.measure_bandwidth(opts.quick, 10)
     print(f"device: {jax.devices()[0].device_kind} | copy bandwidth {bandwidth / 1e9:.0f} GB/s | "
           f"GPU span per call (CUPTI), median of {opts.calls}")
     print("| workload | dtype | jax.jit GPU µs | jaxstitch GPU µs | speedup | % roofline (stitch) | "
           "% roofline (jit) | kernels (jit→stitch) | max rel err |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name in opts.only:
+    for name in names:
         w = WORKLOADS[name]
-        for dtype in ("float32", "bfloat16"):
+        for dtype in dtypes:
             args = w.make_inputs(jax.random.key(0), getattr(jnp, dtype), opts.quick)
             fns = (jax.jit(w.fn), jaxstitch.jit(w.fn))
             want = jax.block_until_ready(fns[0](*args))
@@ -81,7 +94,19 @@ def main():
             (xs, xk), (ss, sk) = res
             ideal = moved / bandwidth * 1e6
             print(f"| {name} | {dtype} | {xs:.1f} | {ss:.1f} | {xs / ss:.2f}x | {100 * ideal / ss:.0f}% | "
-                  f"{100 * ideal / xs:.0f}% | {xk:.0f}→{sk:.0f} | {err:.1e} |")
+                  f"{100 * ideal / xs:.0f}% | {xk:.0f}→{sk:.0f} | {err:.1e} |", flush=True)
+            timed = []
+            for spec in opts.tune:
+                os.environ["JAXSTITCH_TUNE"] = spec  # read when jaxstitch.jit is made
+                f = jaxstitch.jit(w.fn)
+                os.environ.pop("JAXSTITCH_TUNE")
+                vs = statistics.median(one_call(f, args)[0] for _ in range(opts.calls))
+                timed.append(f"{spec}: {vs:.1f} ({ss / vs:.2f}x, {100 * ideal / vs:.0f}%)")
+            if timed:
+                variants.append(f"  {name} {dtype}: default {ss:.1f} | " + " | ".join(timed))
+    if variants:
+        print("\nvariants (GPU µs; x = default / variant, >1 means the variant is faster)")
+        print("\n".join(variants))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one check to run on a GPU machine, from any directory:
 #   bash scripts/gpu_check.sh
-# Steps: GPU info, editable install, launcher smoke test, `pytest -m gpu`, the GPU time of host-bound
-# workloads (scripts/device_time.py, where torch is installed), then the benchmark (last, so its
+# Steps: GPU info, editable install, launcher smoke test, `pytest -m gpu`, the GPU time of every
+# workload (scripts/device_time.py --all, where torch is installed: calls shorter than their host
+# dispatch read as host time in the benchmark's wall-clock table), then the benchmark (last, so its
 # table is at the end of the output), then a summary of every step's exit status. Logs and bench.json go to
 # $OUT when it is set (the device runner's output folder), else to /tmp/jaxstitch_gpu_check.
 # Environment: QUICK=1 passes --quick to the benchmark; SKIP_TESTS=1 skips pytest; BENCH_ARGS adds
@@ -65,10 +66,10 @@ fi
 "$PY" scripts/export_check.py run out/block.jax 2>&1 | tee "$LOGS/export.log"
 record export $?
 
-echo "== device time of host-bound workloads (log: $LOGS/device_time.log)"
+echo "== GPU time of every workload (log: $LOGS/device_time.log)"
 if "$PY" -c "import torch" 2>/dev/null; then
   # shellcheck disable=SC2086
-  "$PY" scripts/device_time.py $([ "${QUICK:-0}" = 1 ] && echo --quick) 2>&1 | tee "$LOGS/device_time.log"
+  "$PY" scripts/device_time.py --all $([ "${QUICK:-0}" = 1 ] && echo --quick) 2>&1 | tee "$LOGS/device_time.log"
   record device_time $?
 else
   echo "torch (its CUPTI profiler) is not installed: skipped"
