@@ -7,7 +7,7 @@ torch's CUPTI profiler (on the GPU machines, not a jaxstitch dependency): per ca
 the first kernel's start to the last one's end, and the kernels in it; medians over calls.
 
     python3 scripts/device_time.py [--calls 7] [--only adamw_bert | --all] [--quick]
-        [--dtype bfloat16] [--tune "stages=2" ...]
+        [--dtype bfloat16] [--shape 16,262144] [--tune "stages=2" ...]
 
 Any call shorter than the host's dispatch of it (30-60 µs a call on the GPU machines, for jax.jit as
 for us) is timed by the benchmark's back-to-back loop as host time; its GPU span is what the
@@ -67,6 +67,8 @@ def main():
     ap.add_argument("--all", action="store_true", help="every workload of the suite")
     ap.add_argument("--dtype", choices=["float32", "bfloat16", "all"], default="all")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--shape", help="draw the inputs at this main shape (e.g. 16,262144) instead of the "
+                    "workload's own")
     ap.add_argument("--tune", nargs="+", metavar="SPEC", default=[],
                     help='also time stitched variants planned with JAXSTITCH_TUNE=SPEC')
     opts = ap.parse_args()
@@ -82,7 +84,10 @@ def main():
     for name in names:
         w = WORKLOADS[name]
         for dtype in dtypes:
-            args = w.make_inputs(jax.random.key(0), getattr(jnp, dtype), opts.quick)
+            if opts.shape:
+                args = w.draw(jax.random.key(0), getattr(jnp, dtype), *map(int, opts.shape.split(",")))
+            else:
+                args = w.make_inputs(jax.random.key(0), getattr(jnp, dtype), opts.quick)
             fns = (jax.jit(w.fn), jaxstitch.jit(w.fn))
             want = jax.block_until_ready(fns[0](*args))
             err = bench.max_rel_err(jax.block_until_ready(fns[1](*args)), want)
@@ -93,7 +98,8 @@ def main():
                 res.append((statistics.median(c[0] for c in calls), statistics.median(c[1] for c in calls)))
             (xs, xk), (ss, sk) = res
             ideal = moved / bandwidth * 1e6
-            print(f"| {name} | {dtype} | {xs:.1f} | {ss:.1f} | {xs / ss:.2f}x | {100 * ideal / ss:.0f}% | "
+            label = f"{name} {opts.shape}" if opts.shape else name
+            print(f"| {label} | {dtype} | {xs:.1f} | {ss:.1f} | {xs / ss:.2f}x | {100 * ideal / ss:.0f}% | "
                   f"{100 * ideal / xs:.0f}% | {xk:.0f}→{sk:.0f} | {err:.1e} |", flush=True)
             timed = []
             for spec in opts.tune:
@@ -103,7 +109,7 @@ def main():
                 vs = statistics.median(one_call(f, args)[0] for _ in range(opts.calls))
                 timed.append(f"{spec}: {vs:.1f} ({ss / vs:.2f}x, {100 * ideal / vs:.0f}%)")
             if timed:
-                variants.append(f"  {name} {dtype}: default {ss:.1f} | " + " | ".join(timed))
+                variants.append(f"  {label} {dtype}: default {ss:.1f} | " + " | ".join(timed))
     if variants:
         print("\nvariants (GPU µs; x = default / variant, >1 means the variant is faster)")
         print("\n".join(variants))

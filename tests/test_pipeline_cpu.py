@@ -1258,3 +1258,16 @@ def test_vector_width_counts_broadcast_outputs():
         program = _program(_broadcast_row_output, [S((1, 128), jnp.float32), S((1,), jnp.float32)])
     plans = [r.plan.kernel for r in program.regions if r.plan.kernel is not None]
     assert plans and all(p.mapping.vec * 4 <= 16 for p in plans), [p.mapping for p in plans]
+
+
+@pytest.mark.parametrize("rows,dtype,splits", [(32, jnp.bfloat16, 8), (64, jnp.bfloat16, 4), (16, jnp.bfloat16, 8),
+                                               (32, jnp.float32, 4), (64, jnp.float32, 2)])
+def test_half_precision_long_rows_take_two_blocks_an_sm(rows, dtype, splits):
+    """softmax fwd+bwd over rows of 262144: where one (row, slice) task an SM leaves part of each
+    slice out of its stash, bfloat16 rows take twice the slices, two blocks an SM with the same share
+    stashed (32 rows: 8, not 4; 64 rows: 4, not 2); not where one an SM stashes whole (16 rows: 8),
+    and not for float32 rows (mapping._two_per_sm_same_share)."""
+    with force_stitching():
+        report = explain(softmax_fwdbwd, *(S((rows, 262144), dtype),) * 2, target="h200")
+    [r] = [r for r in report.regions if r.stitched]
+    assert f"rows split over {splits} blocks" in r.mapping, str(report)

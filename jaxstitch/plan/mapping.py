@@ -253,8 +253,10 @@ def split_count(n: int, c: int, vec: int, target: Target) -> int:
     tasks more than SMs leave those SMs two while the rest wait at the barriers (H100, log-softmax
     statistics over 8 rows of 256k float32: 17 slices 15.3 us, 16 slices 12.1). Two per SM
     measured slower where one per SM keeps the SMs busy (H200, softmax fwd+bwd over 32 rows of
-    256k, 8 slices against 4: bfloat16 38.6 against 33.6 us, float32 66 against 60; H100
-    statistics, 9 rows: 29 slices 18.0 us against 14 slices 11.6). Two to an SM need the
+    256k, 8 slices against 4: bfloat16 38.6 against 33.6 us, float32 66 against 60, by the wall
+    clock, which for calls this short is mostly the host's dispatch: by GPU time, session 27, 8
+    slices are faster in bfloat16 and `_two_per_sm_same_share` takes them; H100 statistics, 9
+    rows: 29 slices 18.0 us against 14 slices 11.6). Two to an SM need the
     kernel's registers to allow 1024 threads an SM (59 here), else its grid is capped and blocks
     loop over tasks. `_stashing_splits` takes more slices where they stash whole. Slices hold at
     least two vectors per thread of a 512-thread block; never more slices than SMs (a round holds
@@ -329,6 +331,39 @@ def _two_per_sm_whole(n: int, c: int, vec: int, budget: int, current: int, items
     return k if _per_sm_by_smem(stage, target) >= 2 else current
 
 
+def _stashed_share(n: int, c: int, vec: int, budget: int, k: int, itemsizes, target: Target,
+                   max_tpr: int) -> tuple[float, int]:
+    """(the share of each slice its stash holds, blocks an SM holds for one round of tasks) with
+    rows split in `k` slices, as `choose` will size that stash."""
+    tpr, vpt, chunks = _row_shape(math.ceil(c / k / vec) * vec, vec, budget, max_tpr)
+    want = min(tasks_per_sm(n, k, target), target.max_threads_per_sm // tpr)
+    stage = sum(stash_slot_bytes(tpr, chunks, vpt, vec, i) for i in itemsizes)
+    return _split_stash(stage // chunks, chunks, want, target) / chunks, want
+
+
+def _two_per_sm_same_share(n: int, c: int, vec: int, budget: int, current: int, itemsizes,
+                           target: Target, max_tpr: int) -> int:
+    """Half-precision rows: twice the slices, two blocks to an SM in one round, where one to an SM
+    leaves part of each slice out of the stash and two keep at least the same share. The re-reads
+    through L2 then have twice the warps to hide their latency (the blocks of 512 threads drop from
+    ~105 registers to 64; Nsight Compute on one to an SM: 16 warps an SM stalled on loads, the
+    inputs read from HBM once). GPU time (CUPTI) on an H200, softmax fwd+bwd, bfloat16: 32 rows of
+    256k, 8 slices against 4, 23.3 against 25.6 us (3/4 of a slice stashed in both); 64 rows, 4
+    slices against 2, 55.3 against 71.5 (3/8 in both). Not taken, as measured: where one to an SM
+    stashes whole (bfloat16, 16 rows, 16 slices against 8: 15.6 against 12.4 us), where the share
+    falls (float32, 32 rows, 8 slices 1/4 against 4 slices 3/8: 47.7 against 47.5), and float32
+    rows (log-softmax statistics over 27 rows of 256k on an H100: 9 slices 19.0-19.4 us against
+    4 slices 18.4; their elements carry half the work per byte). `current` otherwise."""
+    if not itemsizes or max(itemsizes) > 2:
+        return current
+    share, want = _stashed_share(n, c, vec, budget, current, itemsizes, target, max_tpr)
+    k = 2 * current
+    if want != 1 or not 0 < share < 1 or k > most_splits(c, vec, target) or tasks_per_sm(n, k, target) != 2:
+        return current
+    share2, want2 = _stashed_share(n, c, vec, budget, k, itemsizes, target, max_tpr)
+    return k if want2 == 2 and share2 >= share else current
+
+
 def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_reduced: bool,
            target: Target, tuning: Tuning = Tuning(), stash_itemsizes: tuple[int, ...] = (),
            splittable: bool = True, one_pass: bool = False) -> Mapping:
@@ -361,6 +396,8 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
             if splits > 1 and not one_pass and _async_copyable(vec, stash_itemsizes):
                 splits = _stashing_splits(n, c, vec, budget, splits, stash_itemsizes, target, tuning.max_tpr)
                 splits = _two_per_sm_whole(n, c, vec, budget, splits, stash_itemsizes, target, tuning.max_tpr)
+                splits = _two_per_sm_same_share(n, c, vec, budget, splits, stash_itemsizes, target,
+                                                tuning.max_tpr)
         if splits > 1:
             slice_cols = math.ceil(c / splits / vec) * vec  # slices start on a vector
             splits = math.ceil(c / slice_cols)
