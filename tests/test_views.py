@@ -411,3 +411,24 @@ def test_a_softmax_region_cut_from_its_computed_mask_stays_with_xla():
     assert [("mul" in {op.prim for op in r.ops}, r.cut) for r in part.regions] == [(False, True), (True, True)]
     report = jaxstitch.explain(computed_mask, *specs, target="h100")
     assert len(report.regions) == 2 and not any(r.stitched for r in report.regions), report
+
+
+@pytest.mark.parametrize("dims", [[(16, 128), (128, 1)], [(16, 0), (128, 1)], [(4, -128), (128, -1)],
+                                  [(3, 1), (1, 7), (5, 3)], [(2, 0), (3, 0)], [(6, 10), (10, 1), (1, 99)]])
+def test_gather_index_merges_contiguous_axes(dims):
+    """A gather's index (lowering/kernel._affine) merges the axes its source holds contiguously, so
+    a head split of a row ([16, 128], strides 128 and 1) is read at the column itself, with no
+    division or remainder left; what it computes is the strided offset of every column."""
+    from jaxstitch.lowering import kernel
+    expr = kernel._affine(dims, "c", column=True)
+    if dims == [(16, 128), (128, 1)]:
+        assert "/" not in expr and "%" not in expr
+    if dims == [(16, 0), (128, 1)]:
+        assert "% 128u" in expr and "/" not in expr  # a broadcast head: the column within the head
+    c_code = expr.replace("(long long)", "").replace("(unsigned)", "").replace("LL", "").replace("u)", ")")
+    shape = [n for n, _ in dims]
+    for flat in range(int(np.prod(shape))):
+        digits = np.unravel_index(flat, shape)
+        want = sum(int(d) * s for d, (_, s) in zip(digits, dims))
+        got = eval(c_code.replace("c", str(flat)).replace("/", "//"))  # (non-negative: C's / is //)
+        assert got == want, (dims, flat, expr)

@@ -287,13 +287,13 @@ class Kernel:
         w("for (int k = 0; k < VPT; ++k) {")
         w(f"  const int col0 = {vec_col('k')};")
         if _vector_readable(view, dims[j:], dims[:j], self.m.vec):
-            index = f"{name}_at + {_affine(dims[j:], '(ROW_C0 + col0)')}"
+            index = f"{name}_at + {_affine(dims[j:], '(ROW_C0 + col0)', column=True)}"
             if not view.exact:  # (an aligned vector of the source: its values are don't-cares)
                 index = f"min(max({index}, 0LL), {view.size - self.m.vec}LL)"
             w(f"  if ({row_ok}col0 < ROW_COLS) js_load<{st}, V>({ptr} + {index}, &{name}[k * V]);")
             w(f"  else for (int i = 0; i < V; ++i) {name}[k * V + i] = ({ct})0;")
         else:
-            index = f"{name}_at + {_affine(dims[j:], '(ROW_C0 + col0 + i)')}"
+            index = f"{name}_at + {_affine(dims[j:], '(ROW_C0 + col0 + i)', column=True)}"
             w("  #pragma unroll")
             w(f"  for (int i = 0; i < V; ++i) {name}[k * V + i] = {row_ok}col0 < ROW_COLS ? {load(index)} : ({ct})0;")
         w("}")
@@ -433,19 +433,44 @@ class Kernel:
                 w(f"if (blockIdx.x == 0 && tid == 0) out{j}[0] = js_io<{st}>::put({self.ref(o, '0')});")
 
 
-def _affine(dims, var: str) -> str:
+def _affine(dims, var: str, column: bool = False) -> str:
     """sum over `dims` (size, stride) of the index along each times its stride, for the flat index
-    `var` of their row-major space (a long long expression)."""
+    `var` of their row-major space (a long long expression). Axes the source holds contiguously
+    are merged first (`x % n * s + x / n * n * s` is `x * s`). `column`: `var` is a column of the
+    row (0 <= var < 2**31), whose digits are taken in 32-bit unsigned arithmetic, where a
+    power-of-two size is a shift and a mask: a gather's index costs a kernel issue slots on every
+    element (cost.GATHER_OPS_PER_SM_US)."""
+    dims = _contiguous_merged(dims)
     terms, inner = [], 1
     total = math.prod(size for size, _ in dims)
     for size, stride in reversed(dims):
         if size > 1 and stride:
-            idx = f"(long long)({var})" if inner == 1 else f"((long long)({var}) / {inner})"
-            if inner * size < total:
-                idx = f"({idx} % {size})"
+            if column:
+                idx = f"(unsigned)({var})" if inner == 1 else f"((unsigned)({var}) / {inner}u)"
+                if inner * size < total:
+                    idx = f"({idx} % {size}u)"
+                idx = f"(long long){idx}"
+            else:
+                idx = f"(long long)({var})" if inner == 1 else f"((long long)({var}) / {inner})"
+                if inner * size < total:
+                    idx = f"({idx} % {size})"
             terms.append(f"{idx} * ({stride}LL)")
         inner *= size
     return "(" + (" + ".join(terms) or "0LL") + ")"
+
+
+def _contiguous_merged(dims) -> list[tuple[int, int]]:
+    """(size, stride) axes, row-major, with size-1 axes dropped and each axis merged into the one
+    before it where that one's stride is its whole extent (the same flat digits)."""
+    out: list[tuple[int, int]] = []
+    for size, stride in dims:
+        if size == 1:
+            continue
+        if out and out[-1][1] == size * stride:
+            out[-1] = (out[-1][0] * size, stride)
+        else:
+            out.append((size, stride))
+    return out
 
 
 def _vector_readable(view, col_dims, row_dims, vec: int) -> bool:
