@@ -438,8 +438,8 @@ def _affine(dims, var: str, column: bool = False) -> str:
     `var` of their row-major space (a long long expression). Axes the source holds contiguously
     are merged first (`x % n * s + x / n * n * s` is `x * s`). `column`: `var` is a column of the
     row (0 <= var < 2**31), whose digits are taken in 32-bit unsigned arithmetic, where a
-    power-of-two size is a shift and a mask: a gather's index costs a kernel issue slots on every
-    element (cost.GATHER_OPS_PER_SM_US)."""
+    power-of-two size is a shift and a mask. (A gather computes its index for every element, and
+    kernels that gather are bound by the instructions they issue: cost.GATHER_OPS_PER_SM_US.)"""
     dims = _contiguous_merged(dims)
     terms, inner = [], 1
     total = math.prod(size for size, _ in dims)
