@@ -212,6 +212,26 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
     return Partition(_collect(consumers, region_ops, cut), tuple(unsupported))
 
 
+def structure(region: Region) -> tuple:
+    """The region up to the names of its values: every op's primitive, parameters and operands,
+    every value's shape and dtype, literals by their repr (so -0.0 is not 0.0), with value ids
+    numbered by first appearance. A model's repeated layers give equal keys, and whether a region
+    plans as one kernel depends on nothing else. May hold an unhashable parameter (TypeError when
+    hashed)."""
+    ids: dict[int, int] = {}
+
+    def ref(a):
+        if isinstance(a, ir.Value):
+            return ids.setdefault(a.id, len(ids)), a.shape, a.dtype
+        return type(a.value).__name__, repr(a.value), a.dtype
+
+    inputs = tuple(ref(v) for v in region.inputs)
+    ops = tuple((op.prim, op.params, tuple(ref(a) for a in op.inputs), tuple(ref(o) for o in op.outputs))
+                for op in region.ops)
+    recomputed = tuple(i for i, op in enumerate(region.ops) if op.index in region.recomputed)
+    return inputs, ops, tuple(ref(v) for v in region.outputs), region.cut, recomputed
+
+
 def resized(part: Partition, graph: ir.Graph) -> Partition:
     """`part` over `graph`: the same program at other sizes (the same op indices and value ids,
     trace.at_sizes), each region's ops and values looked up there."""

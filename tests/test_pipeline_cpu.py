@@ -1271,3 +1271,35 @@ def test_half_precision_long_rows_take_two_blocks_an_sm(rows, dtype, splits):
         report = explain(softmax_fwdbwd, *(S((rows, 262144), dtype),) * 2, target="h200")
     [r] = [r for r in report.regions if r.stitched]
     assert f"rows split over {splits} blocks" in r.mapping, str(report)
+
+
+def test_repeated_layers_share_a_structure_and_its_answer(monkeypatch):
+    """Two layernorms of the same shape around a matrix product are regions with other value ids
+    but one structure (partition.structure), so whether they fit one kernel is planned once; another
+    shape, or a literal of another sign, makes another structure."""
+    from jaxstitch import ir, trace as trace_mod
+    from jaxstitch.partition import partition, structure
+
+    def layernorm(x):
+        m = x.mean(-1, keepdims=True)
+        return (x - m) * jax.lax.rsqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+
+    def two_layers(x, w, z):
+        return layernorm(layernorm(x) @ w), layernorm(z)
+
+    specs = [S((64, 128), jnp.float32), S((128, 128), jnp.float32), S((32, 128), jnp.float32)]
+    traced = trace_mod.trace(two_layers, specs, trace_mod.positional_tree(specs))
+    regions = [r for r in partition(traced.graph).regions if any(op.prim == "reduce_sum" for op in r.ops)]
+    assert len(regions) == 3, regions
+    keys = [structure(r) for r in regions]
+    assert regions[0].inputs != regions[1].inputs and keys[0] == keys[1] != keys[2]
+
+    def with_literal(region, value):
+        i, op = next((i, op) for i, op in enumerate(region.ops) if any(isinstance(a, ir.Const) for a in op.inputs))
+        ins = tuple(ir.Const(value, a.dtype) if isinstance(a, ir.Const) else a for a in op.inputs)
+        return dataclasses.replace(region, ops=region.ops[:i] + (dataclasses.replace(op, inputs=ins),) + region.ops[i + 1:])
+    assert structure(with_literal(regions[0], 0.0)) != structure(with_literal(regions[0], -0.0))
+    calls = []
+    monkeypatch.setattr(pipeline, "_FITS", {})
+    monkeypatch.setattr(pipeline, "_plans_as_one_kernel", lambda r: calls.append(r) or True)
+    assert all(pipeline._fits_one_kernel(r) for r in regions) and len(calls) == 2
