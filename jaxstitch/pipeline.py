@@ -174,7 +174,7 @@ def _fits_one_kernel(region) -> bool:
     try:
         key = partition_mod.structure(region)
         known = _FITS.get(key)
-    except TypeError:  # (a parameter that cannot be hashed: planned every time)
+    except (TypeError, ValueError):  # (a parameter that cannot be hashed or compared: planned every time)
         return _plans_as_one_kernel(region)
     if known is None:
         if len(_FITS) >= _FITS_MAX:
