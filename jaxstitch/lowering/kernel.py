@@ -441,19 +441,16 @@ def _affine(dims, var: str, column: bool = False) -> str:
     power-of-two size is a shift and a mask. (A gather computes its index for every element, and
     kernels that gather are bound by the instructions they issue: cost.GATHER_OPS_PER_SM_US.)"""
     dims = _contiguous_merged(dims)
+    cast, suffix = ("unsigned", "u") if column else ("long long", "")
     terms, inner = [], 1
     total = math.prod(size for size, _ in dims)
     for size, stride in reversed(dims):
         if size > 1 and stride:
+            idx = f"({cast})({var})" if inner == 1 else f"(({cast})({var}) / {inner}{suffix})"
+            if inner * size < total:
+                idx = f"({idx} % {size}{suffix})"
             if column:
-                idx = f"(unsigned)({var})" if inner == 1 else f"((unsigned)({var}) / {inner}u)"
-                if inner * size < total:
-                    idx = f"({idx} % {size}u)"
                 idx = f"(long long){idx}"
-            else:
-                idx = f"(long long)({var})" if inner == 1 else f"((long long)({var}) / {inner})"
-                if inner * size < total:
-                    idx = f"({idx} % {size})"
             terms.append(f"{idx} * ({stride}LL)")
         inner *= size
     return "(" + (" + ".join(terms) or "0LL") + ")"

@@ -294,6 +294,12 @@ def most_splits(c: int, vec: int, target: Target) -> int:
     return max(1, min(c // (2 * CHUNKED_TPR * vec), target.sm_count))
 
 
+def _slice_stage(c: int, k: int, vec: int, budget: int, itemsizes, max_tpr: int) -> tuple[int, int, int]:
+    """(threads, chunks, stash bytes of a whole slice) of a row of `c` split in `k` slices."""
+    tpr, vpt, chunks = _row_shape(math.ceil(c / k / vec) * vec, vec, budget, max_tpr)
+    return tpr, chunks, sum(stash_slot_bytes(tpr, chunks, vpt, vec, i) for i in itemsizes)
+
+
 def _stashing_splits(n: int, c: int, vec: int, budget: int, first: int, itemsizes, target: Target,
                      max_tpr: int) -> int:
     """The fewest blocks per row, from `first` up, whose slices all fit in the shared memory of one
@@ -303,11 +309,10 @@ def _stashing_splits(n: int, c: int, vec: int, budget: int, first: int, itemsize
     half stashed 22.0 us in one; 5 and 10 slices, partly stashed, 18.5 and 18.8: a small gain at
     most). `first` when no count does (the rows outgrow the GPU's shared memory)."""
     for k in range(first, most_splits(c, vec, target) + 1):
-        tpr, vpt, chunks = _row_shape(math.ceil(c / k / vec) * vec, vec, budget, max_tpr)
+        tpr, _, stage = _slice_stage(c, k, vec, budget, itemsizes, max_tpr)
         want = tasks_per_sm(n, k, target)  # blocks per SM for one round of (row, slice) tasks
         if want * tpr > target.max_threads_per_sm:
             break
-        stage = sum(stash_slot_bytes(tpr, chunks, vpt, vec, i) for i in itemsizes)
         if _per_sm_by_smem(stage, target) >= want:
             return k
     return first
@@ -324,10 +329,9 @@ def _two_per_sm_whole(n: int, c: int, vec: int, budget: int, current: int, items
     k = two_per_sm_splits(n, c, vec, target)
     if not k or busiest_sm_share(n, k, target) >= busiest_sm_share(n, current, target):
         return current
-    tpr, vpt, chunks = _row_shape(math.ceil(c / k / vec) * vec, vec, budget, max_tpr)
+    tpr, chunks, stage = _slice_stage(c, k, vec, budget, itemsizes, max_tpr)
     if chunks == 1 or 2 * tpr > target.max_threads_per_sm:
         return current
-    stage = sum(stash_slot_bytes(tpr, chunks, vpt, vec, i) for i in itemsizes)
     return k if _per_sm_by_smem(stage, target) >= 2 else current
 
 
@@ -335,9 +339,8 @@ def _stashed_share(n: int, c: int, vec: int, budget: int, k: int, itemsizes, tar
                    max_tpr: int) -> tuple[float, int]:
     """(the share of each slice its stash holds, blocks an SM holds for one round of tasks) with
     rows split in `k` slices, as `choose` will size that stash."""
-    tpr, vpt, chunks = _row_shape(math.ceil(c / k / vec) * vec, vec, budget, max_tpr)
+    tpr, chunks, stage = _slice_stage(c, k, vec, budget, itemsizes, max_tpr)
     want = min(tasks_per_sm(n, k, target), target.max_threads_per_sm // tpr)
-    stage = sum(stash_slot_bytes(tpr, chunks, vpt, vec, i) for i in itemsizes)
     return _split_stash(stage // chunks, chunks, want, target) / chunks, want
 
 
