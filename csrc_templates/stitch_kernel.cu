@@ -21,6 +21,8 @@ ${common}
 #define N_TASKS (N_ROWS * SPLITS)
 #define ROW_C0 ${row_c0}
 #define ROW_COLS ${row_cols}
+// The first column of this thread's vector k in chunk ch (vectors of V, TPR threads a row).
+#define JS_VEC_COL(k) (${vec_col})
 ${functions}
 
 extern "C" __global__ void __launch_bounds__(BLOCK, ${min_blocks}) ${name}(${params}) {

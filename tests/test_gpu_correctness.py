@@ -31,6 +31,7 @@ from hypothesis import event
 
 from strategies import coarser, force_stitching, random_inputs, region_graphs
 from test_views import CASES as VIEW_CASES, POSITIONAL_CASES, SPREAD_CASES, _random as view_inputs, causal_attention_grad
+from test_pairs import PAIR_CASES
 from test_scans import CASES as SCAN_CASES
 from test_variadic import CASES as VARIADIC_CASES
 from test_tile_transpose import CASES as TRANSPOSE_CASES
@@ -736,6 +737,20 @@ def test_data_moving_ops_match_xla(name, dtype):
     (plan/views.py), forced, against jax.jit: the cases the CPU tests check the rewrite on."""
     fun, specs = VIEW_CASES[name]
     what, _, got, want = forced_case("views", name, dtype, fun, lambda s: view_inputs(specs, s), VIEWS)
+    for i, (a, c) in enumerate(zip(got, want)):
+        compare(a, c, f"{what} output {i}")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", sorted(PAIR_CASES))
+def test_paired_halves_match_xla(name, dtype):
+    """Rotary embeddings whose other half is read from the registers of a paired mapping
+    (plan/pairs.py), forced, against jax.jit; the plan must be paired (else this tests nothing new)."""
+    fun, specs = PAIR_CASES[name]
+    what, args, got, want = forced_case("pairs", name, dtype, fun, lambda s: view_inputs(specs, s), VIEWS)
+    with force_stitching():
+        report = jaxstitch.explain(fun, *args)
+    assert any(r.stitched and "paired" in (r.mapping or "") for r in report.regions), str(report)
     for i, (a, c) in enumerate(zip(got, want)):
         compare(a, c, f"{what} output {i}")
 

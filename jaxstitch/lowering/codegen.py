@@ -18,7 +18,7 @@ from ..plan.tile import TilePlan
 from . import reductions, remote_codegen, scan_codegen, tile_codegen
 from .cuda_ops import CTYPE, REDUCE, STYPE
 from .epilogue import render_epilogue
-from .kernel import KERNEL_NAME, ROWS_PARAM, Kernel, Writer, template, vec_col  # noqa: F401 - KERNEL_NAME: the stitcher's
+from .kernel import KERNEL_NAME, ROWS_PARAM, Kernel, Writer, template, vec_col, vec_col_definition  # noqa: F401 - KERNEL_NAME: the stitcher's
 from .staging import first_row_group, load_chunk, next_row_group, stage_rows
 
 
@@ -310,6 +310,7 @@ def render(plan: KernelPlan | TilePlan | RemotePlan | ScanPlan) -> Source:
         vec=m.vec, tpr=m.tpr, vpt=m.vpt, chunks=m.chunks, stash_chunks=m.stashed_chunks, rows_per_block=m.rows_per_block, block=m.block,
         min_blocks=m.min_blocks, splits=m.splits, slice=m.slice_cols,
         row_c0="js_c0" if k.split else "0", row_cols="js_ncols" if k.split else "N_COLS", loop_head=loop_head,
+        vec_col=vec_col_definition(m.pair, m.vec),
         name=KERNEL_NAME, params=", ".join(params), functions="\n".join(k.functions.values()),
         shared=shared.text(), prologue=pro.text(),
         body=body.text(), epilogue=epi.text())

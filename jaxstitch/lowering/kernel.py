@@ -14,7 +14,7 @@ from importlib import resources
 
 from .. import ir, ops as opdefs
 from ..plan import KernelPlan
-from ..plan.layout import COL, EPILOGUE, FULL, GATHER, ROW, SCALAR, row_axes
+from ..plan.layout import COL, EPILOGUE, FULL, GATHER, PAIR_HALF, PAIR_SWAP, ROW, SCALAR, row_axes
 from .cuda_ops import CTYPE, SCAN, STYPE, bool_factor, expression, literal, select_product
 
 KERNEL_NAME = "jaxstitch_kernel"
@@ -29,8 +29,19 @@ def template(name: str) -> str:
 
 
 def vec_col(k: str) -> str:
-    """The first column of this thread's vector `k` in chunk `ch` (vectors of V, TPR threads a row)."""
-    return f"((ch * VPT + {k}) * TPR + lane) * V"
+    """The first column of this thread's vector `k` in chunk `ch` (the template's JS_VEC_COL)."""
+    return f"JS_VEC_COL({k})"
+
+
+def vec_col_definition(pair: int, vec: int) -> str:
+    """JS_VEC_COL's body: the row's vectors dealt to its TPR threads in turn; with halves of `pair`
+    columns paired (plan/pairs.py), a thread's vectors 2i and 2i + 1 are a vector of the first half
+    of a 2 * pair group and the one `pair` after it, its lanes spread over groups and halves."""
+    if not pair:
+        return "(((ch) * VPT + (k)) * TPR + lane) * V"
+    lanes = pair // vec
+    return (f"((((ch) * (VPT / 2) + (k) / 2) * (TPR / {lanes}) + lane / {lanes}) * 2 + (k) % 2) * {pair}"
+            f" + lane % {lanes} * V")
 
 
 def col_index(e: str) -> str:
@@ -347,6 +358,28 @@ class Kernel:
         w("  }")
         w("}")
 
+    def pair_swap(self, w: Writer, op: ir.Op, name: str | None = None):
+        """An array's partner columns (plan/pairs.py): a paired mapping's vector slot k ^ 1 holds
+        the partner of slot k's column, so element e's partner is element e ^ V (V a power of two)."""
+        out = op.outputs[0]
+        if name is None:
+            name = f"v{out.id}"
+            self.remember(op)
+        w(f"{self.ctype(out)} {name}[E];")
+        w("#pragma unroll")
+        w(f"for (int e = 0; e < E; ++e) {name}[e] = {self.ref(op.inputs[0], '(e) ^ V')};")
+
+    def pair_half(self, w: Writer, op: ir.Op, name: str | None = None):
+        """Whether a column is in the second half of its pair group: its vector slot's parity, a
+        constant once the element loops are unrolled, so selects on it are decided at compile time."""
+        out = op.outputs[0]
+        if name is None:
+            name = f"v{out.id}"
+            self.remember(op)
+        w(f"bool {name}[E];")
+        w("#pragma unroll")
+        w(f"for (int e = 0; e < E; ++e) {name}[e] = ((e) / V) % 2 == {int(op.param('second'))};")
+
     def emit_op(self, w: Writer, op: ir.Op):
         if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Const):
             out = op.outputs[0]
@@ -360,7 +393,8 @@ class Kernel:
         """The method that emits an op computing values: `(writer, op, name=None)`."""
         if op.prim in opdefs.SCANS:
             return self.scan
-        return {"iota": self.iota, GATHER: self.gather}.get(op.prim, self.elementwise)
+        return {"iota": self.iota, GATHER: self.gather, PAIR_SWAP: self.pair_swap,
+                PAIR_HALF: self.pair_half}.get(op.prim, self.elementwise)
 
     # ---- memory -----------------------------------------------------------------------------------
     @property

@@ -169,6 +169,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
         splits = max(0, row_levels - 1)
         xla_kernels = 1 + splits + n_grid_reductions
         xla_bytes = must_move + splits * (full_in + 2 * f32_full) + n_grid_reductions * f32_full
+        if views_after_reduction:  # (the data-moving ops' kernel, as in the two-kernel case above)
+            xla_kernels, xla_bytes = xla_kernels + 1, xla_bytes + full_in
         eff = XLA_EFFICIENCY
     if n_scans:
         xla_kernels += SCAN_XLA_KERNELS * n_scans

@@ -17,6 +17,8 @@ SCALAR, ROW, COL, FULL = "scalar", "row", "col", "full"
 # An input read only through gathers (plan/views.py): it stays in global memory, in any shape.
 MEMORY = "memory"
 GATHER = "gather"
+# The ops of a paired mapping (plan/pairs.py).
+PAIR_SWAP, PAIR_HALF = "pair_swap", "pair_half"
 EPILOGUE = -1  # level of values that exist only after the grid-wide reduction
 
 
@@ -171,6 +173,11 @@ def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
             placed[out.id] = Placed(out, decl, src.storage, level)
         elif op.prim == "iota":
             placed[out.id] = _place_iota(op, n, c)
+        elif op.prim == PAIR_HALF:  # whether a column is in the second half of its pair group
+            placed[out.id] = Placed(out, _declared(out, n, c, COL), COL, 0)
+        elif op.prim == PAIR_SWAP:  # an array's partner columns, held by the same thread
+            src = vals[0]
+            placed[out.id] = Placed(out, _declared(out, n, c, src.declared), src.storage, src.level)
         elif op.prim == GATHER:  # a load at computed indices: its kind is its shape's
             decl = _declared(out, n, c, hints.get(out.id))
             placed[out.id] = Placed(out, decl, decl, max((p.level for p in vals[1:]), default=0))

@@ -23,6 +23,10 @@ from .layout import COL, FULL, Layout, Unplannable
 
 MAX_ELEMS_PER_THREAD = 32
 CHUNKED_TPR = 512
+# Elements a thread of a paired mapping holds (plan/pairs.py): the RMS norm + rotary fwd+bwd over
+# [16384, 2048] (H200, GPU time) ran in 142.8 us at 8 float32 elements a thread (80 registers, 90%
+# of the roofline) and 157.8 us at 16 bfloat16 ones (157 registers, one block of 256 an SM, 42%).
+PAIRED_MAX_ELEMS = 8
 MIN_THREADS_PER_SM = 768  # registers are capped (launch bounds) so that this many threads fit an SM
 REGISTERS, SHARED, GLOBAL = "registers", "shared", "global"
 STATIC_SMEM_RESERVE = 4 * 1024  # reduction scratch next to a shared stash
@@ -63,7 +67,9 @@ class Tuning:
     every `lax.scan` an XLA loop (its body planned on its own) instead of one persistent kernel
     where that is planned to win (plan/scan.py); `scan_sums`: 0 has a persistent scan compute a
     product it adds to a sum-over-rows carry into an array of its own, then transpose, add and copy
-    it, as written (plan/scan.py's InPlaceSum)."""
+    it, as written (plan/scan.py's InPlaceSum); `pairs`: 0 reads a rotary embedding's other half
+    through gathers, with both halves' formulas at every element, instead of from the registers of
+    a paired mapping (plan/pairs.py)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -84,10 +90,11 @@ class Tuning:
     diamonds: int = 1
     scans: int = 1
     scan_sums: int = 1
+    pairs: int = 1
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
-              "scan_sums")
+              "scan_sums", "pairs")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
@@ -131,6 +138,7 @@ class Mapping:
     stash_chunks: int = 0  # chunks a shared stash holds, the first ones; the rest are read from
     #                        global memory in every pass (0: all of them)
     max_grid: int = 0     # the grid for any number of rows (one wave); `grid` is this row count's
+    pair: int = 0         # h > 0: a thread's vector slots 2i and 2i + 1 are h columns apart (plan/pairs.py)
 
     @property
     def grid_cap(self) -> int:
@@ -168,6 +176,8 @@ class Mapping:
                 name += f" of {self.stashed_chunks}"
         if self.stages:
             name += f", {self.stages}-stage async loads"
+        if self.pair:
+            name += f", halves of {self.pair} paired"
         return name
 
 
@@ -369,8 +379,9 @@ def _two_per_sm_same_share(n: int, c: int, vec: int, budget: int, current: int, 
 
 def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_reduced: bool,
            target: Target, tuning: Tuning = Tuning(), stash_itemsizes: tuple[int, ...] = (),
-           splittable: bool = True, one_pass: bool = False) -> Mapping:
-    """`stash_itemsizes`: the item sizes of the row inputs (those a stash would keep); `splittable`:
+           splittable: bool = True, one_pass: bool = False, pair: int = 0) -> Mapping:
+    """`pair`: a thread holds each column with the one `pair` after it (plan/pairs.py), else
+    Unplannable. `stash_itemsizes`: the item sizes of the row inputs (those a stash would keep); `splittable`:
     whether a row's reductions may be combined across blocks (not ops.PICKING, not scans);
     `one_pass`: the kernel reads each row once (cost.chunk_passes), so a row walked in chunks or
     split keeps nothing in a stash, and its slices need not fit one."""
@@ -387,10 +398,12 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     if tuning.elems:
         budget = max(vec, tuning.elems)
     tpr, vpt, chunks = _row_shape(c, vec, budget, tuning.max_tpr)
+    if pair:
+        vec, tpr, vpt = _paired_shape(c, vec, tpr, vpt, chunks, pair)
     col_partials = grid_reduced and any(p.declared == COL and p.level < 0 for p in layout.values)
     splits, slice_cols = 1, c
     # Few long rows: each split over several blocks (JAXSTITCH_TUNE splits=1 never splits).
-    if chunks > 1 and splittable and not col_partials and tuning.splits != 1:
+    if chunks > 1 and splittable and not col_partials and tuning.splits != 1 and not pair:
         # (a forced K is kept to the SMs: a round of tasks must hold a whole row)
         if tuning.splits:
             splits = min(tuning.splits, target.sm_count)
@@ -454,4 +467,25 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     min_blocks = min(per_sm, 2 if block >= 512 else max(1, tuning.min_threads // block))
     return Mapping(n, c, vec, tpr, vpt, rows_per_block, block, grid, grid_reduced or splits > 1, chunks,
                    stash, smem, stages, min_blocks, splits, slice_cols, stash_chunks,
-                   max_grid=target.sm_count * per_sm)
+                   max_grid=target.sm_count * per_sm, pair=pair)
+
+
+def _paired_shape(c: int, vec: int, tpr: int, vpt: int, chunks: int, h: int) -> tuple[int, int, int]:
+    """(vector, threads per row, vectors per thread) whose vector slots 2i and 2i + 1 can be a column
+    and the one h after it (plan/pairs.py): an even number of vectors, the h/vec lanes of a half
+    within one row's threads, the row held whole (no chunks, no padding). Until the vectors are even,
+    halves the threads per row, or where a thread would then hold more than PAIRED_MAX_ELEMS, the
+    vector."""
+    if chunks > 1 or c % (2 * h):
+        raise Unplannable(f"halves of {h} columns cannot be paired in rows of {c} held in {chunks} chunks")
+    while vpt % 2:
+        if 2 * vpt * vec > PAIRED_MAX_ELEMS and vec > 1:
+            vec, vpt = vec // 2, vpt * 2
+        elif h % vec == 0 and tpr % (2 * h // vec) == 0:
+            tpr, vpt = tpr // 2, vpt * 2
+        else:
+            break
+    if vpt % 2 or h % vec or tpr % (h // vec) or tpr * vpt * vec != c:
+        raise Unplannable(f"no pairing of halves of {h} columns with {tpr} threads of {vpt} vectors "
+                          f"of {vec} per row of {c}")
+    return vec, tpr, vpt

@@ -6,8 +6,8 @@ import dataclasses
 from .. import ir, ops as opdefs
 from ..partition import Region
 from ..targets import Target
-from . import cost, diamonds, mapping as mapping_mod, tile, views
-from .layout import COL, FULL, GATHER, MEMORY, Layout, Unplannable, place
+from . import cost, diamonds, mapping as mapping_mod, pairs, tile, views
+from .layout import COL, FULL, GATHER, MEMORY, PAIR_HALF, PAIR_SWAP, Layout, Unplannable, place
 from .mapping import Mapping
 from .online import OnlineSum, find_online_sums, sum_ids
 from .shifts import pull_out
@@ -116,7 +116,7 @@ def _gathered_bytes(region: Region, layout: Layout) -> int:
 
 # Ops that issue no instructions of their own: casts fold into loads and stores, layout ops into
 # index arithmetic (which the gathers' count carries).
-_FREE_OPS = opdefs.LAYOUT | {"convert_element_type", "copy"}
+_FREE_OPS = opdefs.LAYOUT | {"convert_element_type", "copy", PAIR_SWAP, PAIR_HALF}
 
 
 def _computing_ops(region: Region) -> int:
@@ -165,16 +165,10 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
         if any(op.prim in opdefs.PICKING for op in grid_ops):
             raise Unplannable("argmax/argmin/variadic reduce over the whole grid")
+        region, layout, mp = _paired_or_not(region, layout, online, passes, target, tuning)
         row_inputs = [v for v in region.inputs if layout.of(v).storage == FULL]
         row_reductions = [op for op in region.ops if opdefs.is_row_reduction(op)]
-        # (a scan's carry runs through the row in order: its slices are not split over blocks)
         scans = [op for op in region.ops if op.prim in opdefs.SCANS]
-        mp = mapping_mod.choose(layout, list(region.inputs) + list(region.outputs),
-                                _live_arrays(region, layout), bool(grid_ops), target, tuning,
-                                stash_itemsizes=tuple(v.itemsize for v in row_inputs),
-                                splittable=not any(op.prim in opdefs.PICKING for op in row_reductions)
-                                and not scans,
-                                one_pass=passes == 1)
         if tuning.factors == 1 and shifts and mp.chunks == 1 and mp.splits == 1:
             # A row held in registers gains nothing from fewer passes, and a third online sum
             # measured 1-2% slower there (H100, softmax fwd+bwd of 4096 and of 64 columns).
@@ -223,17 +217,50 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     return RegionPlan(original, kernel, est, _decline_reason(region, est, gain, idle, tuning.min_gain_pct is not None))
 
 
+def _choose(region: Region, layout: Layout, passes: int, target: Target, tuning: mapping_mod.Tuning,
+            pair: int = 0) -> Mapping:
+    row_inputs = [v for v in region.inputs if layout.of(v).storage == FULL]
+    row_reductions = [op for op in region.ops if opdefs.is_row_reduction(op)]
+    # (a scan's carry runs through the row in order: its slices are not split over blocks)
+    scans = [op for op in region.ops if op.prim in opdefs.SCANS]
+    return mapping_mod.choose(layout, list(region.inputs) + list(region.outputs),
+                              _live_arrays(region, layout), any(opdefs.is_grid_reduction(op) for op in region.ops),
+                              target, tuning, stash_itemsizes=tuple(v.itemsize for v in row_inputs),
+                              splittable=not any(op.prim in opdefs.PICKING for op in row_reductions) and not scans,
+                              one_pass=passes == 1, pair=pair)
+
+
+def _paired_or_not(region: Region, layout: Layout, online, passes: int, target: Target,
+                   tuning: mapping_mod.Tuning) -> tuple[Region, Layout, Mapping]:
+    """The region with a rotary embedding's other halves read from registers (plan/pairs.py) and
+    its paired mapping, where one exists; else the region and layout as they are, and their mapping.
+    (Scans run along a row in column order, which a paired mapping does not keep.)"""
+    paired = None
+    if tuning.pairs and not any(op.prim in opdefs.SCANS for op in region.ops):
+        paired = pairs.pair(region, layout)
+    if paired is not None:
+        try:
+            layout2 = place(paired[0], sum_ids(online))
+            return paired[0], layout2, _choose(paired[0], layout2, passes, target, tuning, pair=paired[1])
+        except Unplannable:
+            pass
+    return region, layout, _choose(region, layout, passes, target, tuning)
+
+
 def _estimate(kernel: KernelPlan, original: Region, target: Target) -> cost.Estimate:
     region, layout, mp = kernel.region, kernel.layout, kernel.mapping
     scans = [op for op in region.ops if op.prim in opdefs.SCANS]
     split_rounds = -(-mp.n_rows * mp.splits // mp.grid) if mp.splits > 1 else 0
+    # (a paired kernel reads each half's other half from registers: what gathers it keeps are a
+    # vector load of a column's own cos or sin, and the region's bytes bound it, measured at 86-91%
+    # of the roofline in the RMS norm + rotary forward and the float32 fwd+bwd on an H200)
     full_gathers = any(op.prim == GATHER and layout.of(op.outputs[0]).storage == FULL for op in region.ops)
     return cost.estimate(layout, [v for v in region.inputs if layout.of(v).storage != MEMORY], region.outputs,
                          len(kernel.grid_reductions), kernel.workspace_bytes, target,
                          gathered_bytes=_gathered_bytes(region, layout), rereads=mp.stash == mapping_mod.GLOBAL,
                          busy_sms=min(target.sm_count, mp.grid), split_rounds=split_rounds,
                          n_scans=len(scans), views_after_reduction=_views_after_reduction(original),
-                         gather_compute_ops=_computing_ops(region) if full_gathers else 0,
+                         gather_compute_ops=_computing_ops(region) if full_gathers and not mp.pair else 0,
                          xla_row_levels=kernel.xla_levels,
                          passes=kernel.passes, integer_ops=_integer_ops(region, layout),
                          xla_unfused=kernel.xla_unfused)

@@ -1,0 +1,176 @@
+"""Rotated halves read from registers (plan/pairs.py), on the CPU: the paired region, evaluated with
+numpy, gives the sunk region's values bit for bit; the planner pairs exactly the regions it should;
+a paired mapping's JS_VEC_COL deals every column of a row to one thread slot, each beside its
+partner; the kernels compile with NVRTC where it is installed."""
+from __future__ import annotations
+
+import itertools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+
+from jaxstitch import targets
+from jaxstitch.lowering import codegen
+from jaxstitch.lowering.kernel import vec_col_definition
+from jaxstitch.plan import pairs, planner, views
+from jaxstitch.plan.layout import PAIR_HALF, PAIR_SWAP, place
+from jaxstitch.plan.mapping import Tuning
+from strategies import traced_values
+from test_views import CASES as VIEW_CASES, _evaluate_sunk, _new_op, _random, _traced, rope
+
+
+def f32(*shape):
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+def rope_only(x, cos, sin):
+    """Rotary embedding of [tokens, heads, 64] with no reduction: rows are the tokens' heads."""
+    return rope(x, cos[:, None, :], sin[:, None, :])
+
+
+def rotate_half(x, cos, sin):
+    """Hugging Face Llama's form: x * cos + rotate_half(x) * sin, cos and sin a head wide, after an
+    RMS norm over the token's heads."""
+    h = x.shape[-1] // 2
+    y = x * lax.rsqrt(jnp.mean(x * x, (-2, -1), keepdims=True) + 1e-6)
+    rotated = jnp.concatenate([-y[..., h:], y[..., :h]], -1)
+    return y * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def rope_grad(x, cos, sin, dy):
+    return jax.vjp(lambda x: rope_only(x, cos, sin), x)[1](dy)[0]
+
+
+def shifted_by_one(x):
+    """A neighbour one column away: no halves to pair."""
+    y = jnp.concatenate([x[..., 1:], x[..., :1]], -1)
+    return jax.nn.softmax(x * y, -1)
+
+
+PAIR_CASES = {
+    "rms_rope": VIEW_CASES["rms_rope"],  # (heads of 32)
+    "rms_rope_grad": VIEW_CASES["rms_rope_grad"],
+    "rope_only": (rope_only, (f32(6, 3, 64), f32(6, 32), f32(6, 32))),
+    "rotate_half": (rotate_half, (f32(5, 2, 64), f32(5, 64), f32(5, 64))),
+    "rope_grad": (rope_grad, (f32(6, 3, 64), f32(6, 32), f32(6, 32), f32(6, 3, 64))),
+}
+HALF = {"rms_rope": 16, "rms_rope_grad": 16}  # (else half the last axis)
+
+
+def _paired_regions(part):
+    out = []
+    for r in part.regions:
+        try:
+            sunk = views.sink(r)
+            paired = pairs.pair(sunk, place(sunk))
+        except views.Unplannable:
+            continue
+        if paired is not None:
+            out.append((r, sunk, *paired))
+    return out
+
+
+def _evaluate_paired(region, traced, env, h):
+    """_evaluate_sunk with the pair ops in numpy, on the row space's columns."""
+    layout = place(region)
+    n, c = layout.n_rows, layout.n_cols
+
+    def new_op(op, ins):
+        out = op.outputs[0]
+        if op.prim == PAIR_HALF:
+            second = (np.arange(c) // h) % 2 == 1
+            cols = second if op.param("second") else ~second
+            return np.broadcast_to(cols, (out.size // c, c)).reshape(out.shape)
+        if op.prim == PAIR_SWAP:
+            x = np.asarray(ins[0])
+            swapped = x.reshape(-1, c // (2 * h), 2, h)[:, :, ::-1, :].reshape(-1, c)
+            return np.broadcast_to(swapped, (out.size // c, c)).reshape(out.shape)  # (a column's)
+        return _new_op(op, ins)
+
+    import test_views
+    saved, test_views._new_op = test_views._new_op, new_op
+    try:
+        return _evaluate_sunk(region, traced, env)
+    finally:
+        test_views._new_op = saved
+
+
+@pytest.mark.parametrize("name", sorted(PAIR_CASES))
+def test_paired_regions_compute_what_the_sunk_region_does(name):
+    fun, specs = PAIR_CASES[name]
+    traced, part = _traced(fun, specs)
+    found = _paired_regions(part)
+    assert found, "no region was paired"
+    for region, sunk, paired, h in found:
+        ops = {op.prim for op in paired.ops}
+        assert PAIR_HALF in ops and (PAIR_SWAP in ops or name == "rotate_half")  # (its base is not read)
+        assert h == HALF.get(name, specs[0].shape[-1] // 2)
+        for seed in range(3):
+            env = traced_values(traced, _random(specs, seed))
+            want = _evaluate_sunk(sunk, traced, env)
+            for got, ref, v in zip(_evaluate_paired(paired, traced, env, h), want, region.outputs):
+                np.testing.assert_array_equal(got, ref, err_msg=f"{name}: value {v.id}")
+
+
+def test_a_shift_by_one_column_is_not_paired():
+    fun, specs = shifted_by_one, (f32(8, 64),)
+    _, part = _traced(fun, specs)
+    assert part.regions and not _paired_regions(part)
+
+
+def test_rope_forward_and_backward_drop_their_gathers_of_the_other_half():
+    """The rotary forward and backward read each input once: every gather left either reads a
+    column's own value (cos and sin of the first half) or is the fallback of a swap that serves the
+    other half."""
+    for name in ("rms_rope", "rms_rope_grad"):
+        fun, specs = PAIR_CASES[name]
+        _, part = _traced(fun, specs)
+        (_, sunk, paired, _), = _paired_regions(part)
+        before = sum(op.prim == views.GATHER for op in sunk.ops)
+        swaps = sum(op.prim == PAIR_SWAP for op in paired.ops)
+        assert swaps >= before // 2, (name, before, swaps)
+
+
+@pytest.mark.parametrize("name", sorted(PAIR_CASES))
+def test_the_planner_pairs_halves_and_the_kernel_compiles(name):
+    fun, specs = PAIR_CASES[name]
+    _, part = _traced(fun, specs)
+    target = targets.get_target("h100")
+    plans = [planner.plan_region(r, target, Tuning(min_gain_pct=0)) for r in part.regions]
+    paired = [p for p in plans if p.kernel is not None and getattr(p.kernel.mapping, "pair", 0)]
+    assert paired, [p.reason for p in plans]
+    for p in paired:
+        assert "paired" in p.kernel.mapping.name
+        source = codegen.render(p.kernel).code
+        swaps = any(op.prim == PAIR_SWAP for op in p.kernel.region.ops)
+        assert "JS_VEC_COL" in source and ("^ V]" in source) == swaps
+    off = [planner.plan_region(r, target, Tuning(min_gain_pct=0, pairs=0)) for r in part.regions]
+    assert not any(p.kernel is not None and getattr(p.kernel.mapping, "pair", 0) for p in off)
+
+
+def _columns(definition: str, tpr: int, vpt: int, vec: int, chunks: int = 1) -> np.ndarray:
+    """JS_VEC_COL evaluated (C integer division of non-negative ints) for every chunk, slot and
+    lane: [chunks, vpt, tpr] first columns."""
+    expr = re.sub(r"\bVPT\b", str(vpt), re.sub(r"\bTPR\b", str(tpr), re.sub(r"\bV\b", str(vec), definition)))
+    expr = expr.replace("/", "//")
+    out = np.zeros((chunks, vpt, tpr), dtype=np.int64)
+    for ch, k, lane in itertools.product(range(chunks), range(vpt), range(tpr)):
+        out[ch, k, lane] = eval(expr, {"ch": ch, "k": k, "lane": lane})
+    return out
+
+
+@pytest.mark.parametrize("h,vec,tpr,vpt", [(64, 4, 256, 2), (64, 8, 128, 2), (16, 4, 8, 4), (32, 2, 64, 4), (8, 8, 1, 2)])
+def test_a_paired_mapping_deals_every_column_once_beside_its_partner(h, vec, tpr, vpt):
+    first = _columns(vec_col_definition(h, vec), tpr, vpt, vec)[0]
+    cols = (first[..., None] + np.arange(vec)).reshape(-1)
+    assert sorted(cols) == list(range(tpr * vpt * vec))
+    assert ((first[0::2] // h) % 2 == 0).all() and (first[1::2] == first[0::2] + h).all()
+
+
+def test_the_unpaired_definition_is_the_row_in_turns():
+    first = _columns(vec_col_definition(0, 4), 32, 3, 4, chunks=2)
+    assert (first.reshape(-1) == np.arange(0, 2 * 3 * 32 * 4, 4)).all()
