@@ -81,6 +81,12 @@ ODD_SHAPES = {
 # Workloads with matrix products inside stitched kernels (a persistent scan's recurrent product):
 # compared with float32 products on both sides, as XLA's default on this GPU may be TF32.
 FULL_PRECISION = ("dien_gru_fwdbwd",)
+# Recurrences in half precision: both sides round the carry at every step, in different places, and
+# the differences grow with the steps (the GRU's bfloat16 gradient, one seed in a few hundred: 2.7%
+# of its largest value apart, the same with the in-place sums off). Each output is compared with
+# the function run in float32 on the same inputs instead, within the tolerance plus twice XLA's
+# own distance from it.
+RECURRENT = ("dien_gru_fwdbwd",)
 
 # Expected stitched kernels at the quick shapes (as in test_pipeline_cpu.py), with the known bugs that
 # still keep some from it (strict xfails: they fail loudly once fixed, then drop the entry).
@@ -241,10 +247,19 @@ def check_workload(name, dtype, shape, forced):
     lw, lg = jax.tree.leaves(want), jax.tree.leaves(got)
     assert len(lw) == len(lg)
     rows = _decided_rows(name, args, lg[0], lw[0])
-    for i, (a, b) in enumerate(zip(lg, lw)):
-        if rows is not None:
-            a, b = np.asarray(a)[rows], np.asarray(b)[rows]
-        compare(a, b, f"{what} output {i}")
+    if name in RECURRENT and dtype != "float32":
+        wide = [a.astype(jnp.float32) if jnp.issubdtype(a.dtype, jnp.floating) else a for a in args]
+        with jax.default_matmul_precision("float32"):
+            exact = jax.tree.leaves(jax.block_until_ready(jax.jit(fn)(*wide)))
+        for i, (a, b, r) in enumerate(zip(lg, lw, exact)):
+            xla_off = float(np.max(np.abs(np.asarray(b, np.float32) - np.asarray(r, np.float32)), initial=0.0))
+            compare(a, np.asarray(r).astype(np.asarray(a).dtype), f"{what} output {i} against float32",
+                    slack=xla_off)
+    else:
+        for i, (a, b) in enumerate(zip(lg, lw)):
+            if rows is not None:
+                a, b = np.asarray(a)[rows], np.asarray(b)[rows]
+            compare(a, b, f"{what} output {i}")
     report = jaxstitch.explain(fn, *args)
     if report.stitched_kernels:
         launches = f.lower(*args).as_text().count(ffi.TARGET)
