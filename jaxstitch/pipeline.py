@@ -96,6 +96,13 @@ def compile_region(region, target: Target, cfg: Config) -> Compiled:
                 tried.append(f"{m.name} (registers for {m.min_blocks} blocks of {m.block} per SM): "
                              f"spills with {compiled.registers} registers")
             compiled = _compile_plan(plan, target, cfg)
+            if compiled.spilled and not relaxed:
+                narrower = _paired_narrower(region, target, cfg, compiled, max_tpr)
+                if narrower is not None:
+                    m = compiled.plan.kernel.mapping
+                    tried.append(f"{m.name} ({m.elems_per_thread} elements a thread): spills with "
+                                 f"{compiled.registers} registers")
+                    return dataclasses.replace(narrower, tried=tuple(tried))
             if compiled.spilled:
                 continue
             if lone is None and relaxed and _alone_on_its_sm(compiled, target) and max_tpr > 256:
@@ -110,6 +117,21 @@ def compile_region(region, target: Target, cfg: Config) -> Compiled:
     if lone is not None:
         return dataclasses.replace(lone, tried=tuple(tried))
     return dataclasses.replace(compiled, tried=tuple(tried))
+
+
+def _paired_narrower(region, target: Target, cfg: Config, spilled: Compiled, max_tpr: int) -> Compiled | None:
+    """A paired kernel (plan/pairs.py) that spills under its register cap, planned with half the
+    elements a thread (a narrower vector), where that fits the cap: lifting the cap instead leaves
+    one block an SM (mapping.PAIRED_MAX_ELEMS). None otherwise."""
+    kernel = spilled.plan.kernel
+    if not isinstance(kernel, KernelPlan) or not kernel.mapping.pair or kernel.mapping.elems_per_thread <= 2:
+        return None
+    tuning = dataclasses.replace(cfg.tuning, max_tpr=max_tpr, elems=kernel.mapping.elems_per_thread // 2)
+    plan = plan_region(region, target, tuning)
+    if plan.kernel is None or getattr(plan.kernel.mapping, "pair", 0) == 0:
+        return None
+    compiled = _compile_plan(plan, target, cfg)
+    return None if compiled.spilled else compiled
 
 
 def _alone_on_its_sm(compiled: Compiled, target: Target) -> bool:

@@ -23,10 +23,12 @@ from .layout import COL, FULL, Layout, Unplannable
 
 MAX_ELEMS_PER_THREAD = 32
 CHUNKED_TPR = 512
-# Elements a thread of a paired mapping holds (plan/pairs.py): the RMS norm + rotary fwd+bwd over
-# [16384, 2048] (H200, GPU time) ran in 142.8 us at 8 float32 elements a thread (80 registers, 90%
-# of the roofline) and 157.8 us at 16 bfloat16 ones (157 registers, one block of 256 an SM, 42%).
-PAIRED_MAX_ELEMS = 8
+# Elements a thread of a paired mapping holds at most (plan/pairs.py), unless JAXSTITCH_TUNE's
+# `elems` says otherwise; a paired kernel that spills is planned with half as many (pipeline.py).
+# RMS norm + rotary over [16384, 2048] bfloat16 on an H200, GPU time: the forward 39.3 us at 16
+# (86% of the roofline) against 48.7 at 8; the fwd+bwd spills at 16 (157 registers once its cap is
+# lifted, one block of 256 an SM: 157.8 us) and ran 113.7 us at 8 (80 registers).
+PAIRED_MAX_ELEMS = 16
 MIN_THREADS_PER_SM = 768  # registers are capped (launch bounds) so that this many threads fit an SM
 REGISTERS, SHARED, GLOBAL = "registers", "shared", "global"
 STATIC_SMEM_RESERVE = 4 * 1024  # reduction scratch next to a shared stash
@@ -399,7 +401,7 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
         budget = max(vec, tuning.elems)
     tpr, vpt, chunks = _row_shape(c, vec, budget, tuning.max_tpr)
     if pair:
-        vec, tpr, vpt = _paired_shape(c, vec, tpr, vpt, chunks, pair)
+        vec, tpr, vpt = _paired_shape(c, vec, tpr, vpt, chunks, pair, tuning.elems or PAIRED_MAX_ELEMS)
     col_partials = grid_reduced and any(p.declared == COL and p.level < 0 for p in layout.values)
     splits, slice_cols = 1, c
     # Few long rows: each split over several blocks (JAXSTITCH_TUNE splits=1 never splits).
@@ -470,16 +472,16 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
                    max_grid=target.sm_count * per_sm, pair=pair)
 
 
-def _paired_shape(c: int, vec: int, tpr: int, vpt: int, chunks: int, h: int) -> tuple[int, int, int]:
+def _paired_shape(c: int, vec: int, tpr: int, vpt: int, chunks: int, h: int,
+                  most: int = PAIRED_MAX_ELEMS) -> tuple[int, int, int]:
     """(vector, threads per row, vectors per thread) whose vector slots 2i and 2i + 1 can be a column
     and the one h after it (plan/pairs.py): an even number of vectors, the h/vec lanes of a half
     within one row's threads, the row held whole (no chunks, no padding). Until the vectors are even,
-    halves the threads per row, or where a thread would then hold more than PAIRED_MAX_ELEMS, the
-    vector."""
+    halves the threads per row, or where a thread would then hold more than `most`, the vector."""
     if chunks > 1 or c % (2 * h):
         raise Unplannable(f"halves of {h} columns cannot be paired in rows of {c} held in {chunks} chunks")
     while vpt % 2:
-        if 2 * vpt * vec > PAIRED_MAX_ELEMS and vec > 1:
+        if 2 * vpt * vec > most and vec > 1:
             vec, vpt = vec // 2, vpt * 2
         elif h % vec == 0 and tpr % (2 * h // vec) == 0:
             tpr, vpt = tpr // 2, vpt * 2
