@@ -29,6 +29,11 @@ CHUNKED_TPR = 512
 # (86% of the roofline) against 48.7 at 8; the fwd+bwd spills at 16 (157 registers once its cap is
 # lifted, one block of 256 an SM: 157.8 us) and ran 113.7 us at 8 (80 registers).
 PAIRED_MAX_ELEMS = 16
+# Rows this short load directly, without async staging: a thread's share of a row group is a vector
+# or two, and its copies cost more than they hide. H200, GPU time, bias + GELU backward over 16
+# columns forced: float32 65.2 us staged, 56.4 unstaged (XLA 73.9); bfloat16 50.5 and 49.6. (At 1k
+# columns staging wins: layernorm forward, bfloat16, 41.2 us staged against 46.7.)
+UNSTAGED_COLS = 32
 MIN_THREADS_PER_SM = 768  # registers are capped (launch bounds) so that this many threads fit an SM
 REGISTERS, SHARED, GLOBAL = "registers", "shared", "global"
 STATIC_SMEM_RESERVE = 4 * 1024  # reduction scratch next to a shared stash
@@ -442,7 +447,7 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
         stages = 1 if stash == SHARED and copyable else 0
     elif tuning.stages is not None:
         stages = tuning.stages if copyable and stage * tuning.stages <= room else 0
-    elif copyable and 2 * stage <= target.smem_per_sm // 4 - STATIC_SMEM_RESERVE:
+    elif copyable and 2 * stage <= target.smem_per_sm // 4 - STATIC_SMEM_RESERVE and c > UNSTAGED_COLS:
         stages = 2  # a next-row buffer that still leaves room for 4 blocks per SM
     stash_chunks = 0
     if splits > 1 and copyable:
