@@ -361,24 +361,22 @@ class Kernel:
     def pair_swap(self, w: Writer, op: ir.Op, name: str | None = None):
         """An array's partner columns (plan/pairs.py): a paired mapping's vector slot k ^ 1 holds
         the partner of slot k's column, so element e's partner is element e ^ V (V a power of two)."""
-        out = op.outputs[0]
-        if name is None:
-            name = f"v{out.id}"
-            self.remember(op)
-        w(f"{self.ctype(out)} {name}[E];")
-        w("#pragma unroll")
-        w(f"for (int e = 0; e < E; ++e) {name}[e] = {self.ref(op.inputs[0], '(e) ^ V')};")
+        self._per_element(w, op, name, self.ctype(op.outputs[0]), self.ref(op.inputs[0], "(e) ^ V"))
 
     def pair_half(self, w: Writer, op: ir.Op, name: str | None = None):
         """Whether a column is in the second half of its pair group: its vector slot's parity, a
         constant once the element loops are unrolled, so selects on it are decided at compile time."""
-        out = op.outputs[0]
+        self._per_element(w, op, name, "bool", f"((e) / V) % 2 == {int(op.param('second'))}")
+
+    def _per_element(self, w: Writer, op: ir.Op, name: str | None, ctype: str, expr: str):
+        """An E-element array `name` (default: the op's value, remembered for later phases) of
+        `expr` at each element e."""
         if name is None:
-            name = f"v{out.id}"
+            name = f"v{op.outputs[0].id}"
             self.remember(op)
-        w(f"bool {name}[E];")
+        w(f"{ctype} {name}[E];")
         w("#pragma unroll")
-        w(f"for (int e = 0; e < E; ++e) {name}[e] = ((e) / V) % 2 == {int(op.param('second'))};")
+        w(f"for (int e = 0; e < E; ++e) {name}[e] = {expr};")
 
     def emit_op(self, w: Writer, op: ir.Op):
         if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Const):
