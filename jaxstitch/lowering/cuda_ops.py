@@ -150,11 +150,14 @@ SCAN = {
 }
 
 
+FAST = {"exp": "js_exp_fast", "erfc": "js_erfc_fast"}
+
+
 def expression(op: ir.Op, args: list[str], fast_exp: bool = False) -> str:
-    """`op`'s C expression; exp is the hardware's fast one where the plan allows it
+    """`op`'s C expression; exp and erfc are fast forms where the plan allows them
     (planner.fast_exp)."""
-    if op.prim == "exp" and fast_exp:
-        return f"js_exp_fast({args[0]})"
+    if fast_exp and op.prim in FAST:
+        return f"{FAST[op.prim]}({args[0]})"
     return EXPR[op.prim](op, args)
 
 

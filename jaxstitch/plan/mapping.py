@@ -62,7 +62,8 @@ class Tuning:
     leaves row-constant factors inside sums of exponentials (plan/shifts.py: a softmax backward's
     sum(dy * y) then keeps its own pass), 1 takes them out where rows are walked in chunks or
     split over blocks, 2 also where a row is held in registers;
-    `fast_exp`: 0 computes exp with expf even in half-precision regions (see planner.fast_exp).
+    `fast_exp`: 0 computes exp with expf and erfc with erfcf even in half-precision regions (see
+    planner.fast_exp).
     For ablations: `stitch`: 0 ends regions where XLA ends its kernels (at every use of a reduced
     value; siblings not merged); `grid`: 0 gives column and whole-array reductions kernels of their
     own (no grid barrier next to row work); `remote`: 0 launches independent regions separately;
