@@ -212,13 +212,16 @@ def _new_op(op, ins):
     return fns[p](*[np.asarray(x) for x in ins])
 
 
-def _evaluate_sunk(region, traced, env):
+def _evaluate_sunk(region, traced, env, new_op=None):
+    """The region's outputs, its traced ops bound with XLA and the ops sink makes with numpy
+    (`new_op(op, inputs)`: those and any others a later rewrite makes, plan/pairs.py)."""
+    new_op = new_op or _new_op
     local = {v.id: env[v.id] for v in region.inputs}
     for op in region.ops:
         ins = [np.asarray(a.value, dtype=jnp.dtype(a.dtype)) if isinstance(a, ir.Const) else local[a.id]
                for a in op.inputs]
         if op.index == views.NEW:
-            outs = [_new_op(op, ins)]
+            outs = [new_op(op, ins)]
         else:  # a traced op (at other elements: its primitive, params and inputs of the new shape)
             outs = trace_mod.bind_eqn(traced.eqns[op.index], ins)
         for v, o in zip(op.outputs, outs):

@@ -221,26 +221,3 @@ def _rewrite(region: Region, h: int, swaps, halves) -> Region:
             ops.append(op)
     return dataclasses.replace(region, ops=ir.live(ops, region.outputs))
 
-
-def live_ops(region: Region, counted) -> float:
-    """Ops an element computes, averaged over the two halves: those its half's outputs depend on,
-    a select on PAIR_HALF following only the operand the half picks (the other half's formula is
-    dead code in the compiled kernel). `counted(op)`: whether an op issues instructions."""
-    producer = {o.id: op for op in region.ops for o in op.outputs}
-    halves = {op.outputs[0].id: op.param("second") for op in region.ops if op.prim == PAIR_HALF}
-    total = 0
-    for second in (False, True):
-        seen: set[int] = set()
-        todo = [v for v in region.outputs]
-        while todo:
-            v = todo.pop()
-            op = producer.get(v.id) if isinstance(v, ir.Value) else None
-            if op is None or id(op) in seen:
-                continue
-            seen.add(id(op))
-            total += counted(op)
-            ins = list(op.inputs)
-            if op.prim == "select_n" and len(ins) == 3 and isinstance(ins[0], ir.Value) and ins[0].id in halves:
-                ins = [ins[2] if halves[ins[0].id] == second else ins[1]]
-            todo.extend(a for a in ins if isinstance(a, ir.Value))
-    return total / 2
