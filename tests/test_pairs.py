@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from jax import lax
 
+import jaxstitch
 from jaxstitch import targets
+from jaxstitch.kernels import nvrtc
 from jaxstitch.lowering import codegen
 from jaxstitch.lowering.kernel import vec_col_definition
 from jaxstitch.plan import pairs, planner, views
@@ -168,3 +170,32 @@ def test_a_paired_mapping_deals_every_column_once_beside_its_partner(h, vec, tpr
 def test_the_unpaired_definition_is_the_row_in_turns():
     first = _columns(vec_col_definition(0, 4), 32, 3, 4, chunks=2)
     assert (first.reshape(-1) == np.arange(0, 2 * 3 * 32 * 4, 4)).all()
+
+
+def test_rows_too_long_to_hold_are_planned_unpaired():
+    """A row a block cannot hold in registers (walked in chunks, or split over blocks) does not pair
+    its halves: the region is planned as before, through gathers."""
+    fun, _ = VIEW_CASES["rms_rope"]
+
+    def long_rope(x, w, cos, sin):  # heads of 32 over rows of 65536
+        y = x * lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * w
+        return rope(y.reshape(x.shape[0], -1, 32), cos[:, None, :], sin[:, None, :])
+
+    specs = (f32(8, 65536), f32(65536), f32(8, 16), f32(8, 16))
+    _, part = _traced(long_rope, specs)
+    plans = [planner.plan_region(r, targets.get_target("h100"), Tuning(min_gain_pct=0)) for r in part.regions]
+    assert any(p.kernel is not None and not p.kernel.mapping.pair
+               and (p.kernel.mapping.chunks > 1 or p.kernel.mapping.splits > 1) for p in plans), [p.reason for p in plans]
+
+
+@pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed (pip install 'jaxstitch[cuda]')")
+def test_a_spilling_paired_kernel_is_planned_with_half_the_elements():
+    """The RMS norm + rotary fwd+bwd in bfloat16 spills at 16 elements a thread under its register
+    cap; it is planned again at 8 (vectors of 4) instead of lifting the cap."""
+    from jaxstitch import workloads
+    w = workloads.WORKLOADS["rmsnorm_rope_fwdbwd"]
+    args = jax.eval_shape(lambda k: w.make_inputs(k, jnp.bfloat16, False), jax.random.key(0))
+    report = jaxstitch.explain(w.fn, *args, target="h200")
+    (region,) = [r for r in report.regions if r.stitched]
+    assert "paired" in region.mapping
+    assert any("16 elements a thread" in alt for alt in region.alternatives), region.alternatives
