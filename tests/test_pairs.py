@@ -186,6 +186,8 @@ def test_rows_too_long_to_hold_are_planned_unpaired():
     plans = [planner.plan_region(r, targets.get_target("h100"), Tuning(min_gain_pct=0)) for r in part.regions]
     assert any(p.kernel is not None and not p.kernel.mapping.pair
                and (p.kernel.mapping.chunks > 1 or p.kernel.mapping.splits > 1) for p in plans), [p.reason for p in plans]
+    report = jaxstitch.explain(long_rope, *specs, target="h100")  # (the report says why)
+    assert any("halves of 16 paired: halves of 16 columns cannot be paired" in alt for r in report.regions for alt in r.alternatives), str(report)
 
 
 @pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed (pip install 'jaxstitch[cuda]')")

@@ -53,6 +53,8 @@ class KernelPlan:
     passes: int = 1  # over the rows' elements (cost.chunk_passes)
     # Row reductions XLA runs apart from the ops reading their result back (plan/diamonds.py).
     xla_unfused: int = 0
+    # Why a pairing of the row's halves that plan/pairs.py found was not taken (None: none found, or taken).
+    unpaired: str | None = None
 
     @property
     def stage_bytes(self) -> int:
@@ -167,7 +169,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
         if any(op.prim in opdefs.PICKING for op in grid_ops):
             raise Unplannable("argmax/argmin/variadic reduce over the whole grid")
-        region, layout, mp = _paired_or_not(region, layout, online, passes, target, tuning)
+        region, layout, mp, unpaired = _paired_or_not(region, layout, online, passes, target, tuning)
         row_inputs = [v for v in region.inputs if layout.of(v).storage == FULL]
         row_reductions = [op for op in region.ops if opdefs.is_row_reduction(op)]
         scans = [op for op in region.ops if op.prim in opdefs.SCANS]
@@ -205,7 +207,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         xla_levels = cost.reduction_levels(place(sunk, frozenset())) if online or shifts else None
         kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits), online,
                             bool(tuning.fast_exp) and fast_exp(region), shifts, xla_levels, passes,
-                            diamonds.unfused_reductions(original) if tuning.diamonds else 0)
+                            diamonds.unfused_reductions(original) if tuning.diamonds else 0, unpaired)
     except Unplannable as e:
         return RegionPlan(original, None, None, str(e))
     busy_sms = min(target.sm_count, mp.grid)
@@ -233,20 +235,21 @@ def _choose(region: Region, layout: Layout, passes: int, target: Target, tuning:
 
 
 def _paired_or_not(region: Region, layout: Layout, online, passes: int, target: Target,
-                   tuning: mapping_mod.Tuning) -> tuple[Region, Layout, Mapping]:
+                   tuning: mapping_mod.Tuning) -> tuple[Region, Layout, Mapping, str | None]:
     """The region with a rotary embedding's other halves read from registers (plan/pairs.py) and
-    its paired mapping, where one exists; else the region and layout as they are, and their mapping.
-    (Scans run along a row in column order, which a paired mapping does not keep.)"""
-    paired = None
+    its paired mapping, where one exists; else the region and layout as they are, their mapping,
+    and why a pairing found was not taken. (Scans run along a row in column order, which a paired
+    mapping does not keep.)"""
+    paired, why = None, None
     if tuning.pairs and not any(op.prim in opdefs.SCANS for op in region.ops):
         paired = pairs.pair(region, layout)
     if paired is not None:
         try:
             layout2 = place(paired[0], sum_ids(online))
-            return paired[0], layout2, _choose(paired[0], layout2, passes, target, tuning, pair=paired[1])
-        except Unplannable:
-            pass
-    return region, layout, _choose(region, layout, passes, target, tuning)
+            return paired[0], layout2, _choose(paired[0], layout2, passes, target, tuning, pair=paired[1]), None
+        except Unplannable as e:
+            why = f"halves of {paired[1]} paired: {e}"
+    return region, layout, _choose(region, layout, passes, target, tuning), why
 
 
 def _estimate(kernel: KernelPlan, original: Region, target: Target) -> cost.Estimate:
