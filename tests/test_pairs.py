@@ -201,3 +201,13 @@ def test_a_spilling_paired_kernel_is_planned_with_half_the_elements():
     (region,) = [r for r in report.regions if r.stitched]
     assert "paired" in region.mapping
     assert any("16 elements a thread" in alt for alt in region.alternatives), region.alternatives
+
+
+def test_row_parts_broadcast_over_different_axes_differ():
+    """A source read per batch in one gather and per head in another (stride 0 on the other axis)
+    reads different addresses for the same row: their row parts must not compare equal."""
+    per_batch, per_head = [(4, 100), (3, 0)], [(4, 0), (3, 100)]
+    assert pairs._merged(per_batch) != pairs._merged(per_head)
+    assert pairs._merged([(1, 5), (8, 64), (16, 4)]) != pairs._merged([(8, 64), (16, 0)])
+    assert pairs._merged([(8, 64), (16, 4)]) == ((128, 4),)  # (contiguous: one axis)
+    assert pairs._merged([(8, 0), (16, 0)]) == ((128, 0),)   # (broadcast over both)

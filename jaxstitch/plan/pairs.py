@@ -123,7 +123,7 @@ def _reads(region: Region, layout: Layout) -> list[_Read]:
         if storage == FULL and v.size == n * c:
             out.append(_Read(v, v, _merged([(n, c)]), np.arange(c)))
         elif storage == COL and v.size == c:
-            out.append(_Read(v, v, (), np.arange(c)))
+            out.append(_Read(v, v, _merged([(n, 0)]), np.arange(c)))
     for op in region.ops:
         if op.prim != GATHER or len(op.inputs) != 1:
             continue
@@ -143,11 +143,13 @@ def _reads(region: Region, layout: Layout) -> list[_Read]:
 
 
 def _merged(dims) -> tuple[tuple[int, int], ...]:
-    """(size, stride) axes without those that do not move (size 1 or stride 0), contiguous ones merged:
-    two row parts read the same addresses iff these are equal."""
+    """(size, stride) axes without those of size 1, each merged into the one before it where that one's
+    stride is its whole extent (broadcast axes, stride 0, merge with each other): two row parts that
+    are equal here read the same addresses for every row. (A broadcast axis stays: it sets which
+    digit of the row the others are.)"""
     out: list[tuple[int, int]] = []
     for size, stride in dims:
-        if size == 1 or stride == 0:
+        if size == 1:
             continue
         if out and out[-1][1] == size * stride:
             out[-1] = (out[-1][0] * size, stride)
