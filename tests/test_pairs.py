@@ -207,7 +207,7 @@ def test_row_parts_broadcast_over_different_axes_differ():
     """A source read per batch in one gather and per head in another (stride 0 on the other axis)
     reads different addresses for the same row: their row parts must not compare equal."""
     per_batch, per_head = [(4, 100), (3, 0)], [(4, 0), (3, 100)]
-    assert pairs._merged(per_batch) != pairs._merged(per_head)
-    assert pairs._merged([(1, 5), (8, 64), (16, 4)]) != pairs._merged([(8, 64), (16, 0)])
-    assert pairs._merged([(8, 64), (16, 4)]) == ((128, 4),)  # (contiguous: one axis)
-    assert pairs._merged([(8, 0), (16, 0)]) == ((128, 0),)   # (broadcast over both)
+    assert views.merged_axes(per_batch) != views.merged_axes(per_head)
+    assert views.merged_axes([(1, 5), (8, 64), (16, 4)]) != views.merged_axes([(8, 64), (16, 0)])
+    assert views.merged_axes([(8, 64), (16, 4)]) == ((128, 4),)  # (contiguous: one axis)
+    assert views.merged_axes([(8, 0), (16, 0)]) == ((128, 0),)   # (broadcast over both)

@@ -15,6 +15,7 @@ from importlib import resources
 from .. import ir, ops as opdefs
 from ..plan import KernelPlan
 from ..plan.layout import COL, EPILOGUE, FULL, GATHER, PAIR_HALF, PAIR_SWAP, ROW, SCALAR, row_axes
+from ..plan.views import merged_axes
 from .cuda_ops import CTYPE, SCAN, STYPE, bool_factor, expression, literal, select_product
 
 KERNEL_NAME = "jaxstitch_kernel"
@@ -472,7 +473,7 @@ def _affine(dims, var: str, column: bool = False) -> str:
     row (0 <= var < 2**31), whose digits are taken in 32-bit unsigned arithmetic, where a
     power-of-two size is a shift and a mask. (A gather computes its index for every element, and
     kernels that gather are bound by the instructions they issue: cost.GATHER_OPS_PER_SM_US.)"""
-    dims = _contiguous_merged(dims)
+    dims = merged_axes(dims)
     cast, suffix = ("unsigned", "u") if column else ("long long", "")
     terms, inner = [], 1
     total = math.prod(size for size, _ in dims)
@@ -486,20 +487,6 @@ def _affine(dims, var: str, column: bool = False) -> str:
             terms.append(f"{idx} * ({stride}LL)")
         inner *= size
     return "(" + (" + ".join(terms) or "0LL") + ")"
-
-
-def _contiguous_merged(dims) -> list[tuple[int, int]]:
-    """(size, stride) axes, row-major, with size-1 axes dropped and each axis merged into the one
-    before it where that one's stride is its whole extent (the same flat digits)."""
-    out: list[tuple[int, int]] = []
-    for size, stride in dims:
-        if size == 1:
-            continue
-        if out and out[-1][1] == size * stride:
-            out[-1] = (out[-1][0] * size, stride)
-        else:
-            out.append((size, stride))
-    return out
 
 
 def _vector_readable(view, col_dims, row_dims, vec: int) -> bool:

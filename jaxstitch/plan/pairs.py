@@ -30,6 +30,7 @@ import numpy as np
 from .. import ir
 from ..partition import Region
 from .layout import COL, FULL, GATHER, PAIR_HALF, PAIR_SWAP, Layout, row_axes
+from .views import merged_axes
 
 COMPARES = {"lt": np.less, "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal}
 
@@ -121,9 +122,9 @@ def _reads(region: Region, layout: Layout) -> list[_Read]:
     for v in region.inputs:
         storage = layout.of(v).storage
         if storage == FULL and v.size == n * c:
-            out.append(_Read(v, v, _merged([(n, c)]), np.arange(c)))
+            out.append(_Read(v, v, merged_axes([(n, c)]), np.arange(c)))
         elif storage == COL and v.size == c:
-            out.append(_Read(v, v, _merged([(n, 0)]), np.arange(c)))
+            out.append(_Read(v, v, merged_axes([(n, 0)]), np.arange(c)))
     for op in region.ops:
         if op.prim != GATHER or len(op.inputs) != 1:
             continue
@@ -138,24 +139,8 @@ def _reads(region: Region, layout: Layout) -> list[_Read]:
         for size, stride in reversed(dims[j:]):
             cols += (rest % size) * stride
             rest //= size
-        out.append(_Read(out_v, op.inputs[0], _merged(dims[:j]), cols))
+        out.append(_Read(out_v, op.inputs[0], merged_axes(dims[:j]), cols))
     return out
-
-
-def _merged(dims) -> tuple[tuple[int, int], ...]:
-    """(size, stride) axes without those of size 1, each merged into the one before it where that one's
-    stride is its whole extent (broadcast axes, stride 0, merge with each other): two row parts that
-    are equal here read the same addresses for every row. (A broadcast axis stays: it sets which
-    digit of the row the others are.)"""
-    out: list[tuple[int, int]] = []
-    for size, stride in dims:
-        if size == 1:
-            continue
-        if out and out[-1][1] == size * stride:
-            out[-1] = (out[-1][0] * size, stride)
-        else:
-            out.append((size, stride))
-    return tuple(out)
 
 
 def _match(g: _Read, b: _Read, h: int) -> tuple[bool, bool]:

@@ -103,6 +103,22 @@ def contiguous_strides(shape) -> tuple[int, ...]:
     return tuple(reversed(out))
 
 
+def merged_axes(dims) -> tuple[tuple[int, int], ...]:
+    """(size, stride) axes of a view, row-major, with size-1 axes dropped and each axis merged into
+    the one before it where that one's stride is its whole extent: the same addresses for every flat
+    index (broadcast axes, stride 0, merge with each other and stay: they set which digit of the
+    index the others are)."""
+    out: list[tuple[int, int]] = []
+    for size, stride in dims:
+        if size == 1:
+            continue
+        if out and out[-1][1] == size * stride:
+            out[-1] = (out[-1][0] * size, stride)
+        else:
+            out.append((size, stride))
+    return tuple(out)
+
+
 def flat_view(a: Affine) -> FlatView:
     cs = contiguous_strides(a.source)
     src = range(len(a.source))
