@@ -496,7 +496,7 @@ def test_bias_gelu_declined_because_xla_fuses_it(dtype):
 # thread mapping
 # ----------------------------------------------------------------------------------------------------
 
-STAGED = (r"(, [12]-stage async loads)?(, online softmax x\d+( with \d+ weighted sums?)?)?"
+STAGED = (r"(, passes walk the chunks back and forth)?(, [12]-stage async loads)?(, online softmax x\d+( with \d+ weighted sums?)?)?"
           r"(, shifts out of \d+ reductions)?(, fast exp)?")
 
 
@@ -521,17 +521,20 @@ def test_mapping_by_row_length(c, n, pattern, dtype):
 
 
 @pytest.mark.parametrize("dtype,mapping,rows_per_sm", [
-    (jnp.float32, "block per row, 4 chunks, shared stash of 3, 1-stage async loads", 2),
-    (jnp.bfloat16, "block per row, 8 chunks, shared stash, 1-stage async loads", 3),
+    # (4 chunks spill 12 bytes at 64 registers when the passes walk them back and forth: where NVRTC
+    # says so, the same share is planned in 8 chunks)
+    (jnp.float32, r"block per row, (4 chunks, shared stash of 3|8 chunks, shared stash of 6), passes walk the "
+                  r"chunks back and forth, 1-stage async loads", 2),
+    (jnp.bfloat16, r"block per row, 8 chunks, shared stash, 1-stage async loads", 3),
 ])
 def test_chunked_rows_keep_two_or_more_rows_per_sm(dtype, mapping, rows_per_sm):
     """A row's first pass reads only its stash, so an SM with one row lets HBM idle: cross-entropy's
-    float32 rows (128 KB) stash 3 of their 4 chunks, so that two fit an SM (the last chunk is read
+    float32 rows (128 KB) stash 3/4 of their chunks, so that two fit an SM (the last quarter is read
     from global memory in each pass); its bfloat16 rows take 256 threads, three to an SM, not 512."""
     specs = _xent_specs(4096, 32000, dtype)
     report = explain(xent_fwdbwd, *specs, target="h200")
     r = report.regions[0]
-    assert r.mapping.startswith(mapping), str(report)
+    assert re.match(mapping, r.mapping), str(report)
     assert r.grid == rows_per_sm * jaxstitch.get_target("h200").sm_count, str(report)
     assert 228 * 1024 // (r.smem_bytes + 5 * 1024) >= rows_per_sm
 

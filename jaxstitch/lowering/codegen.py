@@ -236,6 +236,7 @@ def render(plan: KernelPlan | TilePlan | RemotePlan | ScanPlan) -> Source:
         k.store_output(body, v, "row")
     phases = _phases(k, body_ops, grid_ops, level)
     last_chunk_phase = max(ph.level for ph in phases if ph.chunk_work)
+    chunk_passes = 0
     for ph in phases:
         lv = k.phase = ph.level
         # Row values first (outside any chunk loop), then the per-element work, chunk by chunk.
@@ -246,7 +247,10 @@ def render(plan: KernelPlan | TilePlan | RemotePlan | ScanPlan) -> Source:
         w = body
         loop_at = len(body.lines)
         if k.chunked and ph.chunk_work:
-            body("for (int ch = CHUNKS - 1; ch >= 0; --ch) {" if k.reverse_chunks else
+            # (a scan's carry runs one way; otherwise a serpentine mapping turns round every pass)
+            backward = k.reverse_chunks or (m.serpentine and chunk_passes % 2 == 1)
+            chunk_passes += 1
+            body("for (int ch = CHUNKS - 1; ch >= 0; --ch) {" if backward else
                  "for (int ch = 0; ch < CHUNKS; ++ch) {")
             w = k.writer = Writer(body.indent + 1)
             load_chunk(k, w, stash, first_phase=lv == 0, last_read=lv == last_chunk_phase)

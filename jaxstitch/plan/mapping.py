@@ -77,7 +77,8 @@ class Tuning:
     product it adds to a sum-over-rows carry into an array of its own, then transpose, add and copy
     it, as written (plan/scan.py's InPlaceSum); `pairs`: 0 reads a rotary embedding's other half
     through gathers, with both halves' formulas at every element, instead of from the registers of
-    a paired mapping (plan/pairs.py)."""
+    a paired mapping (plan/pairs.py); `serpentine`: 0 walks a row's chunks in the same order in every
+    pass (see Mapping.serpentine)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -99,10 +100,11 @@ class Tuning:
     scans: int = 1
     scan_sums: int = 1
     pairs: int = 1
+    serpentine: int = 1
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
-              "scan_sums", "pairs")
+              "scan_sums", "pairs", "serpentine")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
@@ -147,6 +149,11 @@ class Mapping:
     #                        global memory in every pass (0: all of them)
     max_grid: int = 0     # the grid for any number of rows (one wave); `grid` is this row count's
     pair: int = 0         # h > 0: a thread's vector slots 2i and 2i + 1 are h columns apart (plan/pairs.py)
+    # Chunks read from global memory again in a later pass (a partial or global stash): each pass
+    # walks them in the opposite order of the pass before, so that it starts with those read last,
+    # which L2 still holds (in one order every pass, a row larger than L2 starts each pass with the
+    # chunk evicted longest ago, and its re-reads miss L2 one after another).
+    serpentine: bool = False
 
     @property
     def grid_cap(self) -> int:
@@ -182,6 +189,8 @@ class Mapping:
             name += f", {self.stash} stash"
             if self.stashed_chunks < self.chunks:
                 name += f" of {self.stashed_chunks}"
+        if self.serpentine:
+            name += ", passes walk the chunks back and forth"
         if self.stages:
             name += f", {self.stages}-stage async loads"
         if self.pair:

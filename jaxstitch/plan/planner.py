@@ -188,6 +188,9 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                               f"{mp.smem_bytes}-byte stash")
         if relaxed:
             mp = dataclasses.replace(mp, min_blocks=1)
+        if (tuning.serpentine and passes > 1 and mp.chunks > 1 and not scans
+                and (mp.stash == mapping_mod.GLOBAL or mp.stashed_chunks < mp.chunks)):
+            mp = dataclasses.replace(mp, serpentine=True)
         stash, at = [], 0
         if mp.smem_bytes:
             for v in row_inputs:
