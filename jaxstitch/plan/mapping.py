@@ -34,6 +34,11 @@ PAIRED_MAX_ELEMS = 16
 # columns forced: float32 65.2 us staged, 56.4 unstaged (XLA 73.9); bfloat16 50.5 and 49.6. (At 1k
 # columns staging wins: layernorm forward, bfloat16, 41.2 us staged against 46.7.)
 UNSTAGED_COLS = 32
+# Threads a row streamed once in chunks takes (nothing stashed; a JAXSTITCH_TUNE max_tpr overrides):
+# four warps, so that more rows are in flight on an SM and each row's reduction spans fewer warps.
+# H200, GPU time, a per-token log-probability over [4096, 32000] bfloat16 (one pass, online
+# softmax): 512 threads a row 96.7 us, 256 78.4, 128 75.2.
+ONE_PASS_TPR = 128
 MIN_THREADS_PER_SM = 768  # registers are capped (launch bounds) so that this many threads fit an SM
 REGISTERS, SHARED, GLOBAL = "registers", "shared", "global"
 STATIC_SMEM_RESERVE = 4 * 1024  # reduction scratch next to a shared stash
@@ -415,6 +420,8 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     if tuning.elems:
         budget = max(vec, tuning.elems)
     tpr, vpt, chunks = _row_shape(c, vec, budget, tuning.max_tpr)
+    if one_pass and chunks > 1 and tpr > ONE_PASS_TPR and tuning.max_tpr == Tuning.max_tpr:
+        tpr, vpt, chunks = _row_shape(c, vec, budget, ONE_PASS_TPR)
     if pair:
         vec, tpr, vpt = _paired_shape(c, vec, tpr, vpt, chunks, pair, tuning.elems or PAIRED_MAX_ELEMS)
     col_partials = grid_reduced and any(p.declared == COL and p.level < 0 for p in layout.values)
