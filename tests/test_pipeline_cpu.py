@@ -539,6 +539,21 @@ def test_chunked_rows_keep_two_or_more_rows_per_sm(dtype, mapping, rows_per_sm):
     assert 228 * 1024 // (r.smem_bytes + 5 * 1024) >= rows_per_sm
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_rows_streamed_once_take_four_warps(dtype, monkeypatch):
+    """A per-token log-probability reads each row of 32k once, in chunks, stashing nothing: four
+    warps a row (mapping.ONE_PASS_TPR), several rows a block; an explicit max_tpr overrides."""
+    from jaxstitch import workloads
+    w = workloads.WORKLOADS["token_logprob"]
+    args = jax.eval_shape(lambda k: w.draw(k, jnp.dtype(dtype), 4096, 32000), jax.random.key(0))
+    (r,) = explain(w.fn, *args, target="h200").regions
+    assert r.stitched and r.mapping.startswith("4 warps per row, 16 chunks, one pass"), r.mapping
+    assert r.block == 256, r.block
+    monkeypatch.setenv("JAXSTITCH_TUNE", "max_tpr=512")
+    (r,) = explain(w.fn, *args, target="h200").regions
+    assert r.mapping.startswith("block per row, 4 chunks, one pass"), r.mapping
+
+
 @pytest.mark.parametrize("fn,specs", [
     (softmax_fwdbwd, [S((4096, 32000), jnp.bfloat16)] * 2),   # two row inputs, 3 of 4 chunks each
     (xent_fwdbwd, None),
