@@ -140,34 +140,75 @@ def _row_step(em: _Emitter, w: Writer, step: T.TileStep):
 
 def _each(em: _Emitter, w: Writer, step: T.TileStep):
     """A loop over the tile's elements, b fastest; a fastest when it stores only transposed tiles
-    (each warp's stores then contiguous, the reads transposed in shared memory)."""
+    (each warp's stores then contiguous, the reads transposed in shared memory). Where every store
+    is a whole tile in (n, a, b) order, a thread takes `_store_width` consecutive b at once and
+    stores them as one vector: the index arithmetic and the store are paid once per vector."""
     reds = [(op, *_reduce(op)) for op in step.ops]
     transposed = step.stores and all(em.plan.out_kind(o).endswith(T.B + T.A) for o in step.stores)
-    first = "const int b = i / TA, a = i % TA;" if transposed else "const int a = i / TB, b = i % TB;"
-    _fold(em, w, reds, "for (int i = tid; i < TILE; i += BLOCK)", first=first, stores=step.stores)
+    width = 1 if transposed else _store_width(em, step)
+    if width > 1:
+        _fold(em, w, reds, f"for (int i0 = tid * {width}; i0 < TILE; i0 += BLOCK * {width})",
+              first="const int a = i0 / TB, b0 = i0 % TB;", stores=step.stores, width=width)
+    else:
+        first = "const int b = i / TA, a = i % TA;" if transposed else "const int a = i / TB, b = i % TB;"
+        _fold(em, w, reds, "for (int i = tid; i < TILE; i += BLOCK)", first=first, stores=step.stores)
     for op, ct, fn, ident in reds:
         out = op.outputs[0]
         w(f"acc{out.id} = js_group_reduce<32>(acc{out.id}, {fn});")
         w(f"if (lane == 0) reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})[warp] = acc{out.id};")
 
 
-def _fold(em: _Emitter, w: Writer, reds, loop_head: str, first: str = "", stores=()):
+def _fold(em: _Emitter, w: Writer, reds, loop_head: str, first: str = "", stores=(), width: int = 1):
     """The reductions' accumulators set to their identities, then folded over `loop_head`'s
     iterations (inline values computed again in each, after `first`); `stores`: outputs stored in
-    each iteration."""
+    each iteration. `width` > 1: each iteration walks b0 .. b0 + width - 1 and stores each output's
+    `width` values as one vector at (row, a, b0)."""
     for op, ct, fn, ident in reds:
         w(f"{ct} acc{op.outputs[0].id} = {ident};")
     w(loop_head + " {")
-    body = Writer(w.indent + 1)
-    em.body(body)
+    outer = Writer(w.indent + 1)
     if first:
-        body(first)
+        outer(first)
+    body = outer
+    if width > 1:
+        for j, o in _indexed(em, stores):
+            outer(f"{em.ctype(o)} js_v{j}[{width}];")
+        outer("#pragma unroll")
+        outer(f"for (int u = 0; u < {width}; ++u) {{")
+        body = Writer(outer.indent + 1)
+        body("const int b = b0 + u;")
+    em.body(body)
     for op, ct, fn, ident in reds:
         body(f"acc{op.outputs[0].id} = {fn}(acc{op.outputs[0].id}, ({ct})({em.ref(op.inputs[0])}));")
-    for o in stores:
-        em.store(body, em.outputs.index(o), o, em.ref(o))
-    w.lines.extend(body.lines)
+    for j, o in _indexed(em, stores):
+        if width > 1:
+            body(f"js_v{j}[u] = {em.ref(o)};")
+        else:
+            em.store(body, j, o, em.ref(o))
+    if width > 1:
+        outer.lines.extend(body.lines)
+        outer("}")
+        for j, o in _indexed(em, stores):
+            outer(f"js_store<{STYPE[o.dtype]}, {width}>(out{j} + ((row) * TA + a) * TB + b0, js_v{j});")
+    w.lines.extend(outer.lines)
     w("}")
+
+
+def _indexed(em: _Emitter, stores) -> list[tuple[int, ir.Value]]:
+    return [(em.outputs.index(o), o) for o in stores]
+
+
+def _store_width(em: _Emitter, step: T.TileStep) -> int:
+    """Consecutive b a thread of an EACH loop takes (1, 2, 4 or 8): the most that divide TB and keep
+    each store's vector within 16 bytes, when every store is a whole tile in (n, a, b) order (its
+    vectors then lie inside one row of the tile, aligned as the tile is); 1 without stores."""
+    if not step.stores or any(em.plan.out_kind(o) != T.N + T.A + T.B for o in step.stores):
+        return 1
+    widest = max(o.itemsize for o in step.stores)
+    for width in (8, 4, 2):
+        if em.plan.mapping.tile_b % width == 0 and width * widest <= 16:
+            return width
+    return 1
 
 
 def _along_b(em: _Emitter, w: Writer, step: T.TileStep):

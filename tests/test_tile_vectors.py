@@ -1,0 +1,51 @@
+"""Whole-tile loops of tile kernels (plan/tile.py) that store full tiles in (n, a, b) order take
+several consecutive b a thread and store them as one vector (lowering/tile_codegen._store_width);
+odd widths and transposed stores keep one element a thread. The GPU tests of the same kernels:
+test_gpu_correctness.py (tiles of 12, 200 and 36 columns, DIEN's attention)."""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxstitch
+from jaxstitch.workloads import WORKLOADS
+from test_tile_transpose import CASES, layernorm_transposed
+
+
+def _dien_specs(dtype, b=64, t=50, d=36):
+    sds = jax.ShapeDtypeStruct
+    return (sds((b, t, d), dtype), sds((b, d), dtype), sds((b, t), jnp.bool_), sds((b, d), dtype))
+
+
+def _code(tmp_path, monkeypatch, fun, specs) -> str:
+    monkeypatch.setenv("JAXSTITCH_DUMP_DIR", str(tmp_path))
+    monkeypatch.setenv("JAXSTITCH_TUNE", "min_gain_pct=0")
+    report = jaxstitch.explain(fun, *specs, target="h100")
+    assert any(r.stitched and "tile" in (r.mapping or "") for r in report.regions), report
+    return "\n".join(p.read_text() for p in tmp_path.rglob("*.cu"))
+
+
+@pytest.mark.parametrize("dtype, width", [(jnp.bfloat16, 4), (jnp.float32, 4)])
+def test_dien_attention_stores_its_key_gradient_in_vectors(tmp_path, monkeypatch, dtype, width):
+    """36 columns: 4 a vector (8 would not divide 36); bfloat16 8 bytes, float32 16."""
+    code = _code(tmp_path, monkeypatch, WORKLOADS["dien_attention_fwdbwd"].fn, _dien_specs(dtype))
+    assert f"for (int i0 = tid * {width}; i0 < TILE; i0 += BLOCK * {width})" in code
+    store = "js_bf16" if dtype == jnp.bfloat16 else "float"
+    assert re.search(rf"js_store<{store}, {width}>\(out(\d+) \+ \(\(row\) \* TA \+ a\) \* TB \+ b0, js_v\1\);", code)
+
+
+def test_wide_half_precision_tiles_take_sixteen_bytes(tmp_path, monkeypatch):
+    code = _code(tmp_path, monkeypatch, WORKLOADS["dien_attention_fwdbwd"].fn,
+                 _dien_specs(jnp.bfloat16, b=16, t=7, d=200))
+    assert re.search(r"js_store<js_bf16, 8>\(out\d+ ", code)
+
+
+def test_odd_widths_and_transposed_stores_keep_one_element_a_thread(tmp_path, monkeypatch):
+    odd = _code(tmp_path / "odd", monkeypatch, WORKLOADS["dien_attention_fwdbwd"].fn,
+                _dien_specs(jnp.float32, b=16, t=50, d=35))
+    assert "for (int i = tid; i < TILE; i += BLOCK)" in odd and "i0" not in odd
+    transposed = _code(tmp_path / "t", monkeypatch, layernorm_transposed, CASES["layernorm_transposed"][1])
+    assert "const int b = i / TA, a = i % TA;" in transposed and "i0" not in transposed
