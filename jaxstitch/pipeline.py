@@ -5,7 +5,7 @@ import dataclasses
 import logging
 import os
 
-from . import ir, partition as partition_mod, trace as trace_mod
+from . import ir, ops as opdefs, partition as partition_mod, trace as trace_mod
 from .config import Config
 from .kernels import cache, nvrtc
 from .lowering import codegen
@@ -206,8 +206,13 @@ def _fits_one_kernel(region) -> bool:
 
 
 def _plans_as_one_kernel(region) -> bool:
+    """A row space places it, or a batch of tiles holds it. With a column or whole-array reduction
+    the row's mapping decides too (no column partials over rows walked in chunks), so such a region
+    is planned in full (a cross-entropy's backward meeting its bias gradient over a vocabulary)."""
     try:
         place(views.sink(region))
+        if any(opdefs.is_grid_reduction(op) for op in region.ops):
+            return plan_region(region, TARGETS["h100"]).kernel is not None
         return True
     except Unplannable:
         pass
@@ -219,7 +224,8 @@ def _plans_as_one_kernel(region) -> bool:
 
 
 def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
-    return complete(stage(trace_mod.trace(fun, flat_args, in_tree, static), target, cfg), target, cfg)
+    traced = trace_mod.trace(fun, flat_args, in_tree, static, scatters=bool(cfg.tuning.scatters))
+    return complete(stage(traced, target, cfg), target, cfg)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -2,8 +2,9 @@
 
 This is the one module that walks jaxprs. It inlines `pjit`/`closed_call`/`custom_jvp_call`/
 `custom_vjp_call`/`checkpoint` bodies (jax.nn wraps its functions in them) so regions can span them,
-and writes a threefry `random_bits` out as its integer ops (prng.py: dropout's bits); everything
-else is kept as an opaque equation that `rebuild` binds again unchanged.
+and writes a threefry `random_bits` out as its integer ops (prng.py: dropout's bits) and a
+scatter-add of one value per row into a fill as a select (row_scatter.py); everything else is kept
+as an opaque equation that `rebuild` binds again unchanged.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from . import ir, prng
+from . import ir, prng, row_scatter
 
 _INLINED = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
             "custom_vjp_call_jaxpr", "checkpoint", "remat")
@@ -84,8 +85,13 @@ def _inner_jaxpr(eqn):
     return None
 
 
-def _expansion(eqn):
-    """A threefry `random_bits` as its elementwise ops (prng.py), else None."""
+def _expansion(eqn, operand_is_fill: bool, scatters: bool):
+    """A threefry `random_bits` as its elementwise ops (prng.py), a scatter-add of one value per row
+    into a fill (`operand_is_fill`: its first operand a broadcast scalar) as a select
+    (row_scatter.py; unless not `scatters`), else None."""
+    if scatters and row_scatter.expandable(eqn, operand_is_fill):
+        closed = row_scatter.expand(eqn)
+        return closed.jaxpr, closed.consts
     if eqn.primitive.name != "random_bits":
         return None
     key_aval, (shape, width) = eqn.invars[0].aval, (eqn.params["shape"], eqn.params["bit_width"])
@@ -96,10 +102,17 @@ def _expansion(eqn):
 
 
 class _Flattener:
-    def __init__(self):
+    def __init__(self, scatters: bool = True):
+        self.scatters = scatters  # write scatters into fills out as selects (row_scatter.py)
         self.ids = itertools.count()
         self.eqns: list[Eqn] = []
         self.consts: dict[int, Any] = {}
+        self.producer: dict[int, Eqn] = {}  # value id -> the equation that made it
+
+    def is_fill(self, a: ir.Atom) -> bool:
+        """Whether `a` is a scalar broadcast to an array (a broadcast_in_dim of a literal)."""
+        e = self.producer.get(a.id) if isinstance(a, ir.Value) else None
+        return e is not None and e.primitive.name == "broadcast_in_dim" and isinstance(e.inputs[0], ir.Const)
 
     def new_value(self, aval) -> ir.Value:
         return ir.Value(next(self.ids), tuple(_dim(d) for d in aval.shape), _dtype_name(aval.dtype))
@@ -127,7 +140,8 @@ class _Flattener:
             env[var] = a
         for eqn in jaxpr.eqns:
             ins = [self.atom(env, x) for x in eqn.invars]
-            inner = _inner_jaxpr(eqn) if eqn.primitive.name in _INLINED else _expansion(eqn)
+            inner = (_inner_jaxpr(eqn) if eqn.primitive.name in _INLINED
+                     else _expansion(eqn, bool(ins) and self.is_fill(ins[0]), self.scatters))
             if inner is not None:
                 outs = self.run(inner[0], inner[1], ins)
                 for var, o in zip(eqn.outvars, outs):
@@ -137,12 +151,17 @@ class _Flattener:
             for var, o in zip(eqn.outvars, outs):
                 env[var] = o
             self.eqns.append(Eqn(eqn.primitive, dict(eqn.params), tuple(ins), outs, bool(eqn.effects)))
+            for o in outs:
+                self.producer[o.id] = self.eqns[-1]
         return [self.atom(env, x) for x in jaxpr.outvars]
 
 
-def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None = None) -> Traced:
+def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None = None,
+          scatters: bool = True) -> Traced:
     """Trace `fun(*args, **kwargs)` given the dynamic leaves of `(args, kwargs)` (arrays, tracers or
-    ShapeDtypeStructs); `static` maps the positions of the other leaves to their Python values."""
+    ShapeDtypeStructs); `static` maps the positions of the other leaves to their Python values.
+    `scatters`: write a scatter-add of one value per row into a fill out as a select (row_scatter.py;
+    JAXSTITCH_TUNE's scatters=0 keeps it a scatter)."""
     out_tree_box = []
     static = static or {}
     n_leaves = len(flat_args) + len(static)
@@ -157,7 +176,7 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
         return leaves
 
     closed = jax.make_jaxpr(flat_fun)(*flat_args)
-    graph, eqns, consts = _flatten(closed)
+    graph, eqns, consts = _flatten(closed, scatters)
     return Traced(graph, eqns, consts, out_tree_box[0])
 
 
@@ -211,9 +230,9 @@ def positional_tree(args: Sequence[Any]):
     return jax.tree_util.tree_structure((tuple(args), {}))
 
 
-def _flatten(closed) -> tuple[ir.Graph, tuple[Eqn, ...], dict]:
+def _flatten(closed, scatters: bool = True) -> tuple[ir.Graph, tuple[Eqn, ...], dict]:
     """A closed jaxpr as a graph over fresh values, its live equations and its captured constants."""
-    fl = _Flattener()
+    fl = _Flattener(scatters)
     inputs = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
     outputs = fl.run(closed.jaxpr, closed.consts, inputs)
     eqns = _live_eqns(fl.eqns, outputs)

@@ -214,6 +214,19 @@ def xent_fwdbwd(logits, labels):
     return loss, dlogits
 
 
+def label_cross_entropy(logits, labels):
+    """Mean cross-entropy with each row's label logit picked by take_along_axis, as optax's
+    `softmax_cross_entropy_with_integer_labels` computes it (GPT's loss): its gradient scatters one
+    value per row into zeros of the logits' shape (row_scatter.py)."""
+    lf = logits.astype(F32)
+    picked = jnp.take_along_axis(lf, labels[:, None], axis=-1)[:, 0]
+    return jnp.mean(jax.nn.logsumexp(lf, axis=-1) - picked)
+
+
+def xent_labels_fwdbwd(logits, labels):
+    return jax.value_and_grad(label_cross_entropy)(logits, labels)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Inputs
 # ----------------------------------------------------------------------------------------------------
@@ -432,6 +445,7 @@ _SUITE = (
     _workload("softmax_fwdbwd", softmax_fwdbwd, partial(_rows_inputs, count=2),
               (16384, 4096), (1024, 1024)),
     _workload("xent_fwdbwd", xent_fwdbwd, _xent_inputs, (4096, VOCAB), (256, VOCAB)),
+    _workload("xent_labels_fwdbwd", xent_labels_fwdbwd, _xent_inputs, (4096, VOCAB), (256, VOCAB)),
     _workload("token_logprob", token_logprob, _xent_inputs, (4096, VOCAB), (256, VOCAB)),
     _workload("bias_gelu_dropout", bias_gelu_dropout, _bias_gelu_dropout_inputs,
               (16384, 4096), (1024, 1024)),

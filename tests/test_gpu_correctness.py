@@ -60,6 +60,7 @@ ODD_SHAPES = {
     "softmax_fwd": (1007, 1001),
     "softmax_fwdbwd": (1007, 999),
     "xent_fwdbwd": (1007, 32000),
+    "xent_labels_fwdbwd": (1007, 32000),
     "token_logprob": (1007, 32000),
     "bias_gelu_dropout": (1007, 1023),
     "fig7_chain": (1007, 2047),

@@ -83,7 +83,9 @@ class Tuning:
     it, as written (plan/scan.py's InPlaceSum); `pairs`: 0 reads a rotary embedding's other half
     through gathers, with both halves' formulas at every element, instead of from the registers of
     a paired mapping (plan/pairs.py); `serpentine`: 0 walks a row's chunks in the same order in every
-    pass (see Mapping.serpentine)."""
+    pass (see Mapping.serpentine); `scatters`: 0 keeps a scatter-add of one value per row into a fill
+    (take_along_axis's gradient: optax's integer-label cross-entropy) a scatter, a region boundary,
+    instead of the select it is (row_scatter.py)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -106,10 +108,11 @@ class Tuning:
     scan_sums: int = 1
     pairs: int = 1
     serpentine: int = 1
+    scatters: int = 1
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
-              "scan_sums", "pairs", "serpentine")
+              "scan_sums", "pairs", "serpentine", "scatters")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
