@@ -30,20 +30,49 @@ def recompute_cheap_inputs(graph: ir.Graph, part: Partition, fits: Callable[[Reg
 
 
 def _drop_unread(graph: ir.Graph, regions: tuple[Region, ...], producer: dict) -> tuple[Region, ...]:
-    """Region outputs computed from positions alone (a causal mask broadcast over the attention
-    scores) that no region input, op outside the regions or program output reads any more (their
-    readers recompute them) are not written. (Any other value stays an output: a reader's region,
-    if XLA runs it after all, reads its recomputed ops' results from their owner.) The stitcher
-    computes such a value again wherever an op left to XLA still needs it (stitcher.make_runner)."""
+    """Region outputs that need not be written: those computed from positions alone (a causal mask
+    broadcast over the attention scores) that no region input, op outside the regions or program
+    output reads any more (their readers recompute them), and those that ops outside read only
+    through gathers, made from the region's inputs by a short cheap chain (a loss's float32 copy of
+    bfloat16 logits, of which a gather picks one element a row: written in full, it was as many
+    bytes as the loss's gradient). (Any other value stays an output: a reader's region, if XLA runs
+    it after all, reads its recomputed ops' results from their owner.) The stitcher computes such a
+    value again wherever an op left to XLA still needs it (stitcher.make_runner), where XLA fuses
+    the chain into the gather."""
     inside = {op.index for r in regions for op in r.ops if op.index not in r.recomputed}
-    read = {v for r in regions for v in r.inputs}
-    read |= {a for op in graph.ops if op.index not in inside for a in op.inputs if isinstance(a, ir.Value)}
-    read |= {v for v in graph.outputs if isinstance(v, ir.Value)}
+    read = {v for r in regions for v in r.inputs} | {v for v in graph.outputs if isinstance(v, ir.Value)}
+    outside = [op for op in graph.ops if op.index not in inside]
+    gathered = {op.inputs[0] for op in outside if op.prim == "gather" and isinstance(op.inputs[0], ir.Value)}
+    read_outside = {a for op in outside for i, a in enumerate(op.inputs)
+                    if isinstance(a, ir.Value) and not (op.prim == "gather" and i == 0)}
     out = []
     for r in regions:
-        kept = tuple(o for o in r.outputs if o in read or not positions.positional(o, producer))
+        def written(o):
+            if o in read or o in read_outside:
+                return True
+            if o in gathered:
+                return not _recomputable_from(o, set(r.inputs), producer)
+            return not positions.positional(o, producer)
+        kept = tuple(o for o in r.outputs if written(o))
         out.append(dataclasses.replace(r, outputs=kept) if kept and len(kept) < len(r.outputs) else r)
     return tuple(out)
+
+
+def _recomputable_from(v: ir.Value, inputs: set[ir.Value], producer: dict) -> bool:
+    """Whether `v` is made from `inputs` (and literals) by at most MAX_CHAIN_OPS cheap ops."""
+    stack, ops = [v], set()
+    while stack:
+        val = stack.pop()
+        if val in inputs:
+            continue
+        op = producer.get(val.id)
+        if op is None or not _cheap(op) or op.prim in opdefs.SOURCES:
+            return False
+        ops.add(op.index)
+        if len(ops) > MAX_CHAIN_OPS:
+            return False
+        stack += [a for a in op.inputs if isinstance(a, ir.Value)]
+    return True
 
 
 def _export_leaves(regions: tuple[Region, ...]) -> tuple[Region, ...]:

@@ -148,6 +148,12 @@ def make_runner(program: Program, context: Context, donated: frozenset[int] = fr
                 for op in positions.cone(a, producer):
                     outs = trace_mod.bind_eqn(traced.eqns[op.index], [read(x) for x in op.inputs])
                     env.update((v.id, o) for v, o in zip(op.outputs, outs))
+            elif a.id not in env:
+                # (a gather's operand, a cheap chain of a region's inputs, which no kernel wrote:
+                # recompute._drop_unread; its ops run here, for XLA to fuse into the gather)
+                op = producer[a.id]
+                outs = trace_mod.bind_eqn(traced.eqns[op.index], [read(x) for x in op.inputs])
+                env.update((v.id, o) for v, o in zip(op.outputs, outs))
             return env[a.id]
 
         for (kind, idx), _ in schedule:

@@ -626,6 +626,34 @@ def test_online_softmax_special_rows_match_xla(c):
         compare(a, b, f"{what} output {i}")
 
 
+def logsumexp_and_grad(x):
+    """jax.nn.logsumexp's shift is the max only where finite (0 elsewhere): its online sum has other
+    special rows than a softmax's (a +inf max sums to +inf, a row of -inf to 0)."""
+    return jax.value_and_grad(lambda z: jnp.sum(jax.nn.logsumexp(z, axis=-1)))(x)
+
+
+@pytest.mark.parametrize("c", [64, 1000, 40000])
+def test_online_logsumexp_special_rows_match_xla(c):
+    seed = (RUN_SEED + zlib.crc32(f"online_lse{c}".encode())) % (1 << 63)
+    x = jnp.asarray(_special_rows(np.random.default_rng(seed), 64, c), jnp.float32)
+    what = _msg(f"logsumexp_and_grad over {c} columns", seed)
+    lse = jax.jit(lambda z: jax.nn.logsumexp(z, axis=-1))(x)
+    want = jax.jit(logsumexp_and_grad)(x)
+    with force_stitching():
+        report = jaxstitch.explain(logsumexp_and_grad, x)
+        assert any("online" in (r.mapping or "") for r in report.regions if r.stitched), report
+        got_lse = jaxstitch.jit(lambda z: jax.nn.logsumexp(z, axis=-1))(x)
+        _, got = run_stitched(logsumexp_and_grad, (x,), what)
+    got_lse, lse = np.asarray(got_lse), np.asarray(lse)
+    special = ~np.isfinite(lse) | ~np.isfinite(got_lse)  # (+inf, -inf and NaN rows exactly; the rest rounds)
+    np.testing.assert_array_equal(got_lse[special], lse[special], err_msg=f"{what}: the sums' inf/NaN rows")
+    compare(got_lse[~special], lse[~special], f"{what}: logsumexp")
+    for i, (a, b) in enumerate(zip(got, want)):
+        a, b = np.asarray(a), np.asarray(b)
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b), err_msg=f"{what} output {i}: NaN positions")
+        compare(a, b, f"{what} output {i}")
+
+
 def test_mask_as_large_as_the_rows_matches_xla():
     """A (1, 1, S, S) dropout mask over (B, H, S, S) scores with B*H*S == S*S (the tiny BERT's
     attention dropout, once read as one value per row)."""

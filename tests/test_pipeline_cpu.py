@@ -1170,7 +1170,9 @@ def _two_softmaxes(x, y):
     (_two_softmaxes, 2, 2, 1, 2),
     (_logsumexp_shifted_by_mean, 1, 0, 2, 2),
     (lambda x: jnp.sum(jnp.exp(x - jnp.max(x, axis=-1, keepdims=True)) * x, axis=-1), 1, 0, 2, 2),
-], ids=["softmax", "log_softmax", "softmax_fwdbwd", "entropy", "two_softmaxes", "mean_shift", "weighted_sum"])
+    (lambda x: jax.nn.logsumexp(x, axis=-1), 1, 1, 1, 2),  # shifted by the max where finite, else 0
+], ids=["softmax", "log_softmax", "softmax_fwdbwd", "entropy", "two_softmaxes", "mean_shift", "weighted_sum",
+        "logsumexp"])
 def test_online_softmax_pairs_and_levels(fn, n_specs, pairs, levels, two_pass_levels):
     """A row's max and its sum of exp(x - max) are reduced in one pass (the sum takes the max's level)
     only when the sum is exactly that; anything else keeps its own pass. JAXSTITCH_TUNE online=0
@@ -1183,6 +1185,16 @@ def test_online_softmax_pairs_and_levels(fn, n_specs, pairs, levels, two_pass_le
     tree = jax.tree_util.tree_structure((tuple(specs), {}))
     plain = pipeline.build(fn, specs, tree, jaxstitch.get_target(TARGET), off).regions[0].plan.kernel
     assert (plain.online, plain.layout.levels) == ((), two_pass_levels)
+
+
+def test_logsumexp_shift_is_finite_only_and_takes_no_weighted_sums():
+    """jax.nn.logsumexp shifts by `where(is_finite(max), max, 0)`: its online sum is marked so (codegen
+    gives a +inf max the sum +inf, a row of -inf the sum 0) and takes no weighted sums beside it."""
+    plan = _program(lambda x: jax.value_and_grad(lambda z: jnp.sum(jax.nn.logsumexp(z, -1)))(x),
+                    [S((64, 65536), jnp.float32)]).regions[0].plan.kernel
+    assert len(plan.online) == 1 and plan.online[0].finite_shift and not plan.online[0].weighted
+    softmax = _program(lambda x: jax.nn.softmax(x, axis=-1), [S((64, 1000), jnp.float32)]).regions[0].plan.kernel
+    assert not softmax.online[0].finite_shift
 
 
 @pytest.mark.parametrize("cols,factors,weighted", [

@@ -121,3 +121,16 @@ def test_scatters_zero_keeps_the_scatter(monkeypatch):
     labels = jax.ShapeDtypeStruct((256,), jnp.int32)
     report = jaxstitch.explain(jax.grad(xent), logits, labels, target="h200")
     assert "scatter-add" in str(report), report
+
+
+def test_a_float32_copy_that_only_a_gather_reads_is_not_written():
+    """Logits cast to float32 inside the loss: the gather of the labels' logits reads the cast, which
+    the stitched kernel would otherwise write in full (as many bytes as the gradient); XLA computes
+    it again at the gathered elements instead (recompute._drop_unread)."""
+    from jaxstitch.workloads import WORKLOADS
+
+    w = WORKLOADS["xent_labels_fwdbwd"]
+    args = jax.eval_shape(lambda k: w.make_inputs(k, jnp.dtype(jnp.bfloat16), False), jax.random.key(0))
+    report = jaxstitch.explain(w.fn, *args, target="h100")
+    big = [r for r in report.regions if r.stitched and r.cols == 32000]
+    assert len(big) == 1 and big[0].est_bytes < 2 * 4096 * 32000 * 2 + 10**6, report  # bf16 in, bf16 out

@@ -212,7 +212,9 @@ def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
         combine_slices(k, w, slots)
     for op, _ in slots:
         pair = k.online_by_max.get(op.outputs[0].id)
-        if pair:  # a row of -inf only: x - max is NaN in every term, as the two-pass sum has it
+        if pair and pair.finite_shift:  # a +inf max: the two-pass sum, shifted by 0, holds exp(+inf)
+            w(f"if (p{pair.max_id} == JS_INF) p{pair.sum_id} = JS_INF;")
+        elif pair:  # a row of -inf only: x - max is NaN in every term, as the two-pass sum has it
             w(f"if (p{pair.max_id} == -JS_INF) {{ {' '.join(f'p{sid} = JS_NAN;' for sid in pair.sum_ids)} }}"
               if pair.weighted else f"if (p{pair.max_id} == -JS_INF) p{pair.sum_id} = JS_NAN;")
     for op, kind in slots:

@@ -36,6 +36,9 @@ class OnlineSum:
     diff_id: int   # x - m (the sub's output)
     exp_id: int    # exp(x - m) (the exp's output, which the sum reduces)
     weighted: tuple[WeightedSum, ...] = ()  # sums of g * exp(x - m), rescaled with this one
+    # The shift is m where m is finite, else 0 (jax.nn.logsumexp's, optax's losses), not m itself:
+    # a row whose max is +inf sums to +inf, one of -inf only to 0 (lowering/reductions.py).
+    finite_shift: bool = False
 
     @property
     def sum_ids(self) -> tuple[int, ...]:
@@ -71,15 +74,18 @@ def find_online_sums(ops: tuple[ir.Op, ...]) -> tuple[OnlineSum, ...]:
         if d is None or d.prim != "sub" or not all(isinstance(a, ir.Value) for a in d.inputs):
             continue
         x, shift = d.inputs
-        r = max_behind(shift, producer)
+        r, finite = shift_source(shift, producer)
         if (r is None or r.outputs[0].id in paired or r.inputs[0].id != x.id
                 or r.inputs[0].shape != op.inputs[0].shape
                 or tuple(sorted(r.param("axes"))) != tuple(sorted(op.param("axes")))
                 or any(v.dtype not in FLOAT_DTYPES for v in (x, d.outputs[0], e.outputs[0], op.outputs[0]))):
             continue
         paired.add(r.outputs[0].id)
-        found.append(OnlineSum(r.outputs[0].id, op.outputs[0].id, x.id, d.outputs[0].id, e.outputs[0].id))
-    return tuple(dataclasses.replace(o, weighted=_weighted_sums(ops, o, producer)) for o in found)
+        found.append(OnlineSum(r.outputs[0].id, op.outputs[0].id, x.id, d.outputs[0].id, e.outputs[0].id,
+                               finite_shift=finite))
+    # (weighted sums only beside a max that is the shift itself: their -inf and +inf rows differ)
+    return tuple(o if o.finite_shift else dataclasses.replace(o, weighted=_weighted_sums(ops, o, producer))
+                 for o in found)
 
 
 def _weighted_sums(ops, pair: OnlineSum, producer: dict) -> tuple[WeightedSum, ...]:
@@ -121,6 +127,39 @@ def _reductions_behind(vid: int, producer: dict) -> frozenset[int]:
             found.add(v)
         stack += [a.id for a in op.inputs if isinstance(a, ir.Value)]
     return frozenset(found)
+
+
+def shift_source(v: ir.Value, producer: dict) -> tuple[ir.Op | None, bool]:
+    """The row reduce_max a softmax's shift `v` comes from, and whether the shift is that max only
+    where finite and 0 elsewhere (`where(is_finite(m), m, 0)`, through identity ops on both sides)."""
+    r = max_behind(v, producer)
+    if r is not None:
+        return r, False
+    while True:
+        op = producer.get(v.id)
+        if op is None:
+            return None, False
+        if op.prim in _IDENTITY or opdefs.is_layout(op):
+            if not isinstance(op.inputs[0], ir.Value):
+                return None, False
+            v = op.inputs[0]
+            continue
+        break
+    if op.prim != "select_n" or len(op.inputs) != 3 or not all(isinstance(a, ir.Value) for a in op.inputs):
+        return None, False
+    pred, zero, m = op.inputs  # select_n(p, when false, when true)
+    test = producer.get(pred.id)
+    if test is None or test.prim != "is_finite" or test.inputs[0] != m or not _is_zero(zero, producer):
+        return None, False
+    r = max_behind(m, producer)
+    return (r, True) if r is not None else (None, False)
+
+
+def _is_zero(v: ir.Value, producer: dict) -> bool:
+    """Whether `v` is 0 broadcast (a broadcast of the literal 0)."""
+    op = producer.get(v.id)
+    return (op is not None and op.prim == "broadcast_in_dim" and isinstance(op.inputs[0], ir.Const)
+            and op.inputs[0].value == 0)
 
 
 def max_behind(v: ir.Value, producer: dict) -> ir.Op | None:
