@@ -3,18 +3,19 @@
 `jnp.take_along_axis(x, idx, axis=-1)` with one index per row (optax's integer-label cross-entropy
 picks each token's target logit so) has for its gradient a `scatter-add` of one update per row into
 an array of zeros of x's shape: `where(iota == index, 0 + update, 0)`, elementwise. Left opaque,
-the scatter is a region boundary: XLA fills the whole array, scatters into it, and a kernel of its
-own then adds it to the dense part of the gradient (GPT's 32k vocabulary over 4096 tokens, float32:
-a 524 MB fill and an add moving 1.5 GB, every step). Written out, it joins the region that
-computes the dense part, which then stores the gradient once.
+the scatter is a region boundary. Where XLA can, it turns `dense + scatter(zeros)` into a scatter
+in place into the dense part (float32 logits); where it cannot (bfloat16 logits cast to float32
+inside the loss: 4096 x 32000, 736 us under jax.jit on an H100), it fills the whole array, scatters
+into it and adds it to the dense part in kernels of their own, beside our kernel. Written out, the
+scatter joins the region that computes the dense part, which then stores the gradient once.
 
 Expanded only where the result is exactly the scatter's: the operand a broadcast scalar (a fill
 XLA writes in full anyway; a scatter into a live array can run in place, touching only the
 updated elements), one update per row at a run-time column of the last axis (take_along_axis's
 batched dimension numbers) or one window at a run-time position along one axis (the gradient of
-`x[:, i]`, which optax's loss also takes), and a mode that drops an index out of range (FILL_OR_DROP) or promises
-none (PROMISE_IN_BOUNDS): an index out of range then adds nothing, as here, where no column's iota
-equals it. The update is added to the fill element (`c + u`, rounded as the scatter rounds it), up
+`x[:, i]`, which optax's loss also takes), and a mode that drops an index out of range
+(FILL_OR_DROP) or promises none (PROMISE_IN_BOUNDS): an index out of range then adds nothing, as
+here, where no column's iota equals it. The update is added to the fill element (`c + u`, rounded as the scatter rounds it), up
 to the sign of a zero: XLA's simplifier folds `0 + u` to `u` (a -0.0 update then stays -0.0, where
 the scatter's IEEE sum gives +0.0), as it does in programs of its own.
 """
