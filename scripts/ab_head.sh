@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU time (scripts/device_time.py) of the working tree's uncommitted changes against HEAD, on the
 # same machine in one call: the workloads named run with the changes, then with them reverted, then
-# with them again (so that drift shows), and the three tables are printed row by row.
+# with them again (so that drift shows), and the three tables are printed row by row. Only tracked
+# files are reverted (`git diff`): a new file the changes add stays in all three passes.
 #   bash scripts/ab_head.sh WORKLOAD...
 # Tables go to $OUT (the device runner's output folder) when it is set, else /tmp/jaxstitch_ab.
 set -u -o pipefail
