@@ -46,6 +46,10 @@ class Report:
     cache: Stats | None = None
     symbolic: bool = False                 # planned for symbolic dimensions (rows x cols: the first sample)
     seconds: float | None = None           # jaxstitch's own time: trace, partition, plan, codegen, NVRTC
+    # Equations the trace wrote out as the elementwise ops they are, so that regions take them in:
+    # (primitive, count), e.g. dropout's random_bits (prng.py), take_along_axis's gradient's
+    # scatter-add into zeros (row_scatter.py).
+    rewritten: tuple[tuple[str, int], ...] = ()
 
     @property
     def stitched_kernels(self) -> int:
@@ -79,12 +83,19 @@ class Report:
         for r in self.regions:
             for alt in r.alternatives:
                 lines.append(f"  region {r.name} tried {alt}")
+        if self.rewritten:
+            lines.append("written out as elementwise ops: " + ", ".join(
+                f"{n} {p} ({_WRITTEN_OUT.get(p, '')})" if p in _WRITTEN_OUT else f"{n} {p}" for p, n in self.rewritten))
         if self.xla_ops:
             lines.append("left to XLA: " + "; ".join(f"{p} ({why})" for p, why in self.xla_ops))
         return "\n".join(lines)
 
     def _repr_pretty_(self, p, cycle):  # IPython
         p.text(str(self))
+
+
+_WRITTEN_OUT = {"random_bits": "threefry's integer ops: prng.py",
+                "scatter-add": "into a fill, one value a row or one window, as a select: row_scatter.py"}
 
 
 def make_report(program: Program, cache: Stats | None = None, symbolic: bool = False,
@@ -105,14 +116,17 @@ def make_report(program: Program, cache: Stats | None = None, symbolic: bool = F
             registers=c.registers, alternatives=c.tried + _unpaired(k), where=where,
             variants=(((f"below {c.xla_below} rows: XLA's kernels",) if c.xla_below else ())
                       + tuple(f"below {n} rows: {v.plan.kernel.description}" for n, v in c.variants))))
-    seen = []
+    seen, rewritten = [], {}
     for p in _programs(program):
         ops = p.traced.graph.ops
         for idx, why in p.partition.unsupported:
             pair = (ops[idx].prim, why)
             if pair not in seen:
                 seen.append(pair)
-    return Report(program.target.name, tuple(regions), tuple(seen), cache, symbolic, seconds)
+        for prim, n in p.traced.rewritten:
+            rewritten[prim] = rewritten.get(prim, 0) + n
+    return Report(program.target.name, tuple(regions), tuple(seen), cache, symbolic, seconds,
+                  tuple(sorted(rewritten.items())))
 
 
 def _unpaired(kernel) -> tuple[str, ...]:

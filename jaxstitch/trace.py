@@ -40,6 +40,9 @@ class Traced:
     eqns: tuple[Eqn, ...]
     consts: dict  # value id -> array captured by the jaxpr
     out_tree: Any
+    # Equations written out as the elementwise ops they are, by primitive: (name, count) pairs
+    # (prng.py's random_bits, row_scatter.py's scatter-adds), for the report.
+    rewritten: tuple[tuple[str, int], ...] = ()
 
 
 def _dtype_name(dtype) -> str:
@@ -108,6 +111,7 @@ class _Flattener:
         self.eqns: list[Eqn] = []
         self.consts: dict[int, Any] = {}
         self.producer: dict[int, Eqn] = {}  # value id -> the equation that made it
+        self.rewritten: dict[str, int] = {}  # primitive -> equations written out (_expansion)
 
     def is_fill(self, a: ir.Atom) -> bool:
         """Whether `a` is a scalar broadcast to an array (a broadcast_in_dim of a literal)."""
@@ -143,6 +147,9 @@ class _Flattener:
             inner = (_inner_jaxpr(eqn) if eqn.primitive.name in _INLINED
                      else _expansion(eqn, bool(ins) and self.is_fill(ins[0]), self.scatters))
             if inner is not None:
+                if eqn.primitive.name not in _INLINED:
+                    name = eqn.primitive.name
+                    self.rewritten[name] = self.rewritten.get(name, 0) + 1
                 outs = self.run(inner[0], inner[1], ins)
                 for var, o in zip(eqn.outvars, outs):
                     env[var] = o
@@ -176,8 +183,8 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
         return leaves
 
     closed = jax.make_jaxpr(flat_fun)(*flat_args)
-    graph, eqns, consts = _flatten(closed, scatters)
-    return Traced(graph, eqns, consts, out_tree_box[0])
+    graph, eqns, consts, rewritten = _flatten(closed, scatters)
+    return Traced(graph, eqns, consts, out_tree_box[0], rewritten)
 
 
 def at_sizes(traced: Traced, size: Callable[[Any], int]) -> Traced:
@@ -216,13 +223,13 @@ def at_sizes(traced: Traced, size: Callable[[Any], int]) -> Traced:
         for op, e in zip(traced.graph.ops, traced.eqns))
     g = traced.graph
     graph = ir.Graph(tuple(value(v) for v in g.inputs), tuple(atom(a) for a in g.outputs), ops)
-    return Traced(graph, traced.eqns, traced.consts, traced.out_tree)
+    return Traced(graph, traced.eqns, traced.consts, traced.out_tree, traced.rewritten)
 
 
 def from_closed(closed) -> Traced:
     """A closed jaxpr (a region's, say) as a Traced of positional arguments."""
-    graph, eqns, consts = _flatten(closed)
-    return Traced(graph, eqns, consts, jax.tree_util.tree_structure(list(graph.outputs)))
+    graph, eqns, consts, rewritten = _flatten(closed)
+    return Traced(graph, eqns, consts, jax.tree_util.tree_structure(list(graph.outputs)), rewritten)
 
 
 def positional_tree(args: Sequence[Any]):
@@ -230,8 +237,9 @@ def positional_tree(args: Sequence[Any]):
     return jax.tree_util.tree_structure((tuple(args), {}))
 
 
-def _flatten(closed, scatters: bool = True) -> tuple[ir.Graph, tuple[Eqn, ...], dict]:
-    """A closed jaxpr as a graph over fresh values, its live equations and its captured constants."""
+def _flatten(closed, scatters: bool = True) -> tuple[ir.Graph, tuple[Eqn, ...], dict, tuple]:
+    """A closed jaxpr as a graph over fresh values, its live equations, its captured constants and
+    the equations written out (Traced.rewritten)."""
     fl = _Flattener(scatters)
     inputs = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
     outputs = fl.run(closed.jaxpr, closed.consts, inputs)
@@ -240,7 +248,7 @@ def _flatten(closed, scatters: bool = True) -> tuple[ir.Graph, tuple[Eqn, ...], 
         ir.Op(i, e.primitive.name, e.inputs, e.outputs, _hashable_params(e.params) + _extra_params(e))
         for i, e in enumerate(eqns)
     )
-    return ir.Graph(inputs, tuple(outputs), ops), eqns, fl.consts
+    return ir.Graph(inputs, tuple(outputs), ops), eqns, fl.consts, tuple(sorted(fl.rewritten.items()))
 
 
 def _extra_params(eqn: Eqn) -> tuple[tuple[str, Any], ...]:
@@ -265,7 +273,7 @@ def _reduce_params(eqn: Eqn) -> tuple[tuple[str, Any], ...]:
     or None when it captures constants (planning then leaves the reduce to XLA)."""
     if eqn.primitive.name != "reduce":
         return ()
-    combiner, _, consts = _flatten(eqn.params["jaxpr"])
+    combiner, _, consts, _ = _flatten(eqn.params["jaxpr"])
     return (("axes", tuple(int(d) for d in eqn.params["dimensions"])), ("combiner", None if consts else combiner))
 
 
@@ -375,7 +383,7 @@ def _scan_parts(eqn: Eqn) -> tuple[int, int] | None:
 def scan_body(eqn: Eqn) -> ir.Graph | None:
     """A scan's step as a graph over its (consts, carries, xs[t]) inputs, returning (carries, ys[t]);
     None when it captures arrays of its own."""
-    graph, _, consts = _flatten(eqn.params["jaxpr"])  # (a ClosedJaxpr: jax 0.10's, and 0.11's Jaxpr)
+    graph, _, consts, _ = _flatten(eqn.params["jaxpr"])  # (a ClosedJaxpr: jax 0.10's, and 0.11's Jaxpr)
     return None if consts else graph
 
 

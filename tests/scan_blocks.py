@@ -45,7 +45,7 @@ def _plan(op, eqn, target):
 
 
 def _blocks(plan: S.ScanPlan, eqn, operands):
-    _, body_eqns, _ = trace_mod._flatten(eqn.params["jaxpr"])
+    _, body_eqns, _, _ = trace_mod._flatten(eqn.params["jaxpr"])
     m, body = plan.mapping, plan.body
     nc, ncar = plan.num_consts, plan.num_carry
     carries = [v for v, _ in plan.carries]
