@@ -34,6 +34,7 @@ from test_views import CASES as VIEW_CASES, POSITIONAL_CASES, SPREAD_CASES, _ran
 from test_pairs import PAIR_CASES
 from test_scans import CASES as SCAN_CASES
 from test_variadic import CASES as VARIADIC_CASES
+from test_tile_one_warp import stats_read_later
 from test_tile_transpose import CASES as TRANSPOSE_CASES
 from test_prng import CASES as PRNG_CASES, case_inputs as prng_inputs
 from test_pipeline_cpu import bias_grads_then_adam
@@ -323,8 +324,9 @@ def test_long_rows_match_xla(name, dtype, shape, mapping, monkeypatch):
 
 
 # Batches of small tiles (plan/tile.py): reductions along both tile axes and over the whole tile in one
-# kernel. Tile widths below a warp (lanes grouped per row of the tile), wider than a warp, and DIEN's.
-TILE_SHAPES = [(257, 20, 12), (64, 7, 200), (1000, 50, 36)]
+# kernel. Tile widths below a warp (lanes grouped per row of the tile), wider than a warp, and DIEN's;
+# 150 rows: the softmax statistics' epoch in one warp without slots (test_tile_one_warp.py).
+TILE_SHAPES = [(257, 20, 12), (64, 7, 200), (1000, 50, 36), (96, 150, 24)]
 
 
 def tile_mix(x, w):
@@ -347,7 +349,8 @@ def test_tile_kernels_match_xla(shape, dtype):
     w = jnp.asarray(rng.standard_normal((b, ta)), dt)
     mask = jnp.asarray(rng.random((b, ta)) < 0.8)
     q, dout = (jnp.asarray(rng.standard_normal((b, tb)), dt) for _ in range(2))
-    cases = [(tile_mix, (x, w)), (WORKLOADS["dien_attention_fwdbwd"].fn, (x, q, mask, dout))]
+    cases = [(tile_mix, (x, w)), (WORKLOADS["dien_attention_fwdbwd"].fn, (x, q, mask, dout)),
+             (stats_read_later, (x,))]
     for fn, args in cases:
         what = _msg(f"{fn.__name__} {dtype} {shape}", seed)
         with force_stitching():

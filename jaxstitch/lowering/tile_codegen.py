@@ -4,6 +4,11 @@ Each step of the plan becomes one loop of the block's threads (or straight-line 
 a block barrier ends every epoch. Inside a loop each value is a C expression: a stashed input or a
 shared-memory array read at the loop's indices `a` / `b`, a register, or (inline values) a local
 computed once per loop iteration from its operands.
+
+Row-scope reductions over an axis of at most SLOTS * 32 elements walk it in *slots*: lane l takes
+elements l, l + 32, ... in an unrolled loop, and an inline value along that axis, once computed in
+one of them, stays in a register array indexed by the slot for the epoch's later loops (a softmax's
+scores, masks and exponentials are computed once, not once per statistic).
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from .cuda_ops import CTYPE, REDUCE, STYPE, bool_factor, expression, literal, se
 from .kernel import KERNEL_NAME, ROWS_PARAM, Writer, template
 
 _SIZE = {T.N: "N_ROWS", T.A: "TA", T.B: "TB"}
+SLOTS = 4  # at most this many elements of an axis a lane for slot loops (registers per cached value)
 _INDEX = {T.N: "row", T.A: "a", T.B: "b"}
 
 
@@ -39,6 +45,9 @@ class _Emitter:
         self.w: Writer | None = None
         self.memo: dict[int, str] = {}
         self.tmp = 0
+        self.slots: dict[int, str] = {}   # inline values kept per slot this epoch -> register array
+        self.slot_axis = ""               # the axis the current loop walks in slots ("": not a slot loop)
+        self.slot_decls: list[str] = []
 
     # ---- values -------------------------------------------------------------------------------
     def ctype(self, v: ir.Value) -> str:
@@ -69,6 +78,12 @@ class _Emitter:
     def inline(self, t: T.TileValue) -> str:
         """The value computed in the current loop body, once."""
         vid = t.value.id
+        if vid not in self.memo and self.slot_axis and t.domain == self.slot_axis:
+            if vid not in self.slots:
+                self.slots[vid] = f"v{vid}_{self.epoch}"
+                self.slot_decls.append(f"{self.ctype(t.value)} v{vid}_{self.epoch}[{self.slot_count}];")
+                self.w(f"v{vid}_{self.epoch}[j] = {self.expr(self.producer[vid])};")
+            self.memo[vid] = f"{self.slots[vid]}[j]"
         if vid not in self.memo:
             op = self.producer[vid]
             name = f"t{vid}_{self.tmp}"
@@ -86,6 +101,14 @@ class _Emitter:
             other = self.ref(op.inputs[1 - i])  # (first: ref may compute an inline value)
             return select_product(self.ref(pred), other, self.ctype(out))
         return expression(op, [self.ref(a) for a in op.inputs], self.plan.fast_exp)
+
+    @property
+    def slot_count(self) -> int:
+        return -(-{T.A: self.plan.mapping.tile_a, T.B: self.plan.mapping.tile_b}[self.slot_axis] // 32)
+
+    def slotted(self, axis: str) -> bool:
+        """Whether loops over `axis` at row scope walk it in slots."""
+        return {T.A: self.plan.mapping.tile_a, T.B: self.plan.mapping.tile_b}[axis] <= SLOTS * 32
 
     def body(self, w: Writer):
         """A fresh loop body: inline values are computed again inside it."""
@@ -126,7 +149,13 @@ def _row_step(em: _Emitter, w: Writer, step: T.TileStep):
             w(f"{red[1]} r{out.id};")
             w("{")
             inner = Writer(w.indent + 1)
-            _fold(em, inner, [red], f"for (int {var} = lane; {var} < {_SIZE[axis]}; {var} += 32)")
+            if em.slotted(axis):
+                em.slot_axis = axis
+                _fold(em, inner, [red], f"for (int j = 0; j < {em.slot_count}; ++j)",
+                      first=_slot_index(axis), unroll=True)
+                em.slot_axis = ""
+            else:
+                _fold(em, inner, [red], f"for (int {var} = lane; {var} < {_SIZE[axis]}; {var} += 32)")
             inner(f"r{out.id} = js_group_reduce<32>(acc{out.id}, {red[2]});")
             w.lines.extend(inner.lines)
             w("}")
@@ -136,6 +165,11 @@ def _row_step(em: _Emitter, w: Writer, step: T.TileStep):
     for o in step.stores:
         guard = "tid == 0" + ("" if T.N in em.plan.out_kind(o) else " && row == 0")
         em.store(w, em.outputs.index(o), o, em.ref(o), guard)
+
+
+def _slot_index(axis: str) -> str:
+    var = _INDEX[axis]
+    return f"const int {var} = lane + 32 * j; if ({var} >= {_SIZE[axis]}) continue;"
 
 
 def _each(em: _Emitter, w: Writer, step: T.TileStep):
@@ -158,13 +192,16 @@ def _each(em: _Emitter, w: Writer, step: T.TileStep):
         w(f"if (lane == 0) reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})[warp] = acc{out.id};")
 
 
-def _fold(em: _Emitter, w: Writer, reds, loop_head: str, first: str = "", stores=(), width: int = 1):
+def _fold(em: _Emitter, w: Writer, reds, loop_head: str, first: str = "", stores=(), width: int = 1,
+          unroll: bool = False):
     """The reductions' accumulators set to their identities, then folded over `loop_head`'s
     iterations (inline values computed again in each, after `first`); `stores`: outputs stored in
     each iteration. `width` > 1: each iteration walks b0 .. b0 + width - 1 and stores each output's
     `width` values as one vector at (row, a, b0)."""
     for op, ct, fn, ident in reds:
         w(f"{ct} acc{op.outputs[0].id} = {ident};")
+    if unroll:
+        w("#pragma unroll")
     w(loop_head + " {")
     outer = Writer(w.indent + 1)
     if first:
@@ -239,10 +276,20 @@ def _along_a(em: _Emitter, w: Writer, step: T.TileStep):
             w(f"reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})[t] = acc{out.id};")
 
 
-def _map(em: _Emitter, w: Writer, step: T.TileStep, axis: str):
+def _map(em: _Emitter, w: Writer, step: T.TileStep, axis: str, one_warp: bool = False):
+    """Materializes values along `axis` (threads over it; one warp's lanes, in slots where the
+    epoch's row reductions walked it so, when the epoch is the first warp's alone)."""
     var = _INDEX[axis]
-    w(f"for (int {var} = tid; {var} < {_SIZE[axis]}; {var} += BLOCK) {{")
     body = Writer(w.indent + 1)
+    if one_warp and em.slotted(axis):
+        em.slot_axis = axis
+        w("#pragma unroll")
+        w(f"for (int j = 0; j < {em.slot_count}; ++j) {{")
+        body(_slot_index(axis))
+    elif one_warp:
+        w(f"for (int {var} = lane; {var} < {_SIZE[axis]}; {var} += 32) {{")
+    else:
+        w(f"for (int {var} = tid; {var} < {_SIZE[axis]}; {var} += BLOCK) {{")
     em.body(body)
     for op in step.finish:  # ALONG_A partials, in slice order
         out = op.outputs[0]
@@ -262,6 +309,7 @@ def _map(em: _Emitter, w: Writer, step: T.TileStep, axis: str):
             em.store(body, j, o, x)
     for o in step.stores:  # outputs along the axis that name an input, a register or a literal
         em.store(body, em.outputs.index(o), o, em.ref(o))
+    em.slot_axis = ""
     w.lines.extend(body.lines)
     w("}")
 
@@ -320,8 +368,13 @@ def render(plan: T.TilePlan):
         body(line)
     last = max(s.epoch for s in plan.steps)
     for epoch in range(last + 1):
-        em.epoch = epoch
-        body(f"// epoch {epoch}")
+        em.epoch, em.slots, em.slot_decls = epoch, {}, []
+        one_warp = epoch in plan.one_warp
+        body(f"// epoch {epoch}" + (": the first warp alone" if one_warp else ""))
+        if one_warp:
+            body("if (warp == 0) {")
+            body.indent += 1
+        decl_at = len(body.lines)
         for s in (s for s in plan.steps if s.epoch == epoch):
             w = Writer(body.indent + 1)
             em.body(w)
@@ -335,9 +388,13 @@ def render(plan: T.TilePlan):
             elif s.loop == T.ALONG_A:
                 _along_a(em, w, s)
             else:
-                _map(em, w, s, T.A if s.loop == T.MAP_A else T.B)
+                _map(em, w, s, T.A if s.loop == T.MAP_A else T.B, one_warp)
             body("{")
             body.lines.extend(w.lines)
+            body("}")
+        body.lines[decl_at:decl_at] = ["  " * body.indent + d for d in em.slot_decls]
+        if one_warp:
+            body.indent -= 1
             body("}")
         if epoch < last:
             body("__syncthreads();")

@@ -1,0 +1,61 @@
+"""Tile kernels' row-scalar epochs (plan/tile._one_warp_epochs, lowering/tile_codegen): an epoch of
+softmax statistics over a tile axis runs in the block's first warp alone when no later epoch reads
+its registers, and row-scope loops over an axis of at most SLOTS * 32 elements keep the values they
+compute in registers for the epoch's later loops. The GPU tests of the same kernels:
+test_gpu_correctness.py::test_tile_kernels_match_xla (tiles of 20, 7, 50 and 150 rows)."""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxstitch.workloads import WORKLOADS
+from test_tile_vectors import _code, _dien_specs
+
+
+def _epoch(code: str, n: int) -> str:
+    return code[code.index(f"// epoch {n}"):code.index(f"// epoch {n + 1}")]
+
+
+def stats_read_later(x):
+    """A row max (a register) that the full-tile output reads in the next epoch."""
+    s = jnp.sum(x, axis=2)
+    m = jnp.max(s, axis=1, keepdims=True)
+    p = jnp.exp(s - m)
+    return x * p[..., None] * m[..., None], jnp.sum(x * p[..., None], axis=1)
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_dien_softmax_statistics_run_in_one_warp_computed_once(tmp_path, monkeypatch, dtype):
+    code = _code(tmp_path, monkeypatch, WORKLOADS["dien_attention_fwdbwd"].fn, _dien_specs(dtype))
+    stats = _epoch(code, 1)
+    assert "// epoch 1: the first warp alone\n    if (warp == 0) {" in stats
+    # 50 steps: two slots a lane; the max, the two sums and the map walk them in unrolled loops
+    assert stats.count("for (int j = 0; j < 2; ++j) {") == 4
+    assert stats.count("const int a = lane + 32 * j; if (a >= TA) continue;") == 4
+    # the exponential (and the scaled score under the mask) once, kept in a slot array
+    assert len(re.findall(r"v\d+_1\[j\] = (js_exp_fast|expf)\(", stats)) == 1
+    assert len(re.findall(r"\b(js_exp_fast|expf)\(", stats)) == 1
+    assert "BLOCK" not in stats  # no loop over the block's threads in a one-warp epoch
+    for other in (0, 2, 3):
+        assert "warp == 0" not in _epoch(code + "// epoch 4", other)
+
+
+def test_registers_read_later_keep_every_warp(tmp_path, monkeypatch):
+    sds = jax.ShapeDtypeStruct
+    code = _code(tmp_path, monkeypatch, stats_read_later, (sds((64, 50, 36), jnp.float32),))
+    stats = _epoch(code, 1)
+    assert "warp == 0" not in code and "first warp alone" not in code
+    assert "const int a = lane + 32 * j; if (a >= TA) continue;" in stats  # slots in the row step
+    assert "for (int a = tid; a < TA; a += BLOCK)" in stats  # the map over the block's threads
+
+
+def test_long_axes_walk_by_lanes_without_slots(tmp_path, monkeypatch):
+    """150 steps: more than SLOTS (4) a lane, so each loop computes its values again."""
+    code = _code(tmp_path, monkeypatch, WORKLOADS["dien_attention_fwdbwd"].fn,
+                 _dien_specs(jnp.float32, b=64, t=150, d=24))
+    stats = _epoch(code, 1)
+    assert "if (warp == 0) {" in stats and "for (int j" not in stats
+    assert stats.count("for (int a = lane; a < TA; a += 32) {") == 4
