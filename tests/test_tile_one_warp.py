@@ -71,3 +71,26 @@ def test_loops_along_b_take_pairs_of_half_precision_columns(tmp_path, monkeypatc
     along_a = "for (int t = tid; t < SLICES * (TB / 2); t += BLOCK) {"
     assert (along_b in code, along_a in code) == (pairs, pairs)
     assert ("for (int b = tid % GROUP; b < TB; b += GROUP)" in code) == (not pairs)
+
+
+def test_dien_inputs_are_copied_ahead_as_vectors_at_the_tiles_start(tmp_path, monkeypatch):
+    """float32 keys, 7200 bytes a tile: four 16-byte vectors a thread of 128, loaded and stored to
+    the other stage buffer at once, before the wait for this tile's copies (no registers held across
+    the tile); the query and the output gradient (144 bytes) likewise, the mask (50 bytes, not a
+    multiple of 16) through registers stored at the tile's end."""
+    code = _code(tmp_path, monkeypatch, WORKLOADS["dien_attention_fwdbwd"].fn, _dien_specs(jnp.float32))
+    loop = code[code.index("for (long long row"):]
+    top = loop[:loop.index("js_stage_wait<1>();")]
+    assert re.search(r"for \(int k = 0; k < 4; \+\+k\) if \(js_more && tid \+ k \* BLOCK < 450\) "
+                     r"reinterpret_cast<uint4\*>\(.*\)\[tid \+ k \* BLOCK\] = __ldg\(", top)
+    assert top.count("< 9) reinterpret_cast<uint4*>(") == 2  # query, output gradient
+    assert "js_block_copy_async" not in loop and "uint4 pf" not in loop
+    assert "unsigned char pf" in top  # the mask
+
+
+def test_large_tiles_keep_cp_async(tmp_path, monkeypatch):
+    """A 9600-byte float32 tile would take 5 vectors a thread: cp.async (tile.MAX_VECTORS_PER_THREAD)."""
+    code = _code(tmp_path, monkeypatch, WORKLOADS["dien_attention_fwdbwd"].fn,
+                 _dien_specs(jnp.float32, b=16, t=60, d=40))
+    loop = code[code.index("for (long long row"):]
+    assert "if (js_more) js_block_copy_async<float, 2400, BLOCK>" in loop

@@ -93,6 +93,8 @@ def _load_or_compile_now(key: str, source: str, arch: str, cache_dir: str | None
             cubin = f.read()
         with open(path + ".json") as f:
             res = nvrtc.Resources(**json.load(f))
+        if res.registers == 0:  # written where the log lacked ptxas's report (nvrtc.cubin_resources)
+            res = nvrtc.cubin_resources(cubin) or res
         with _CACHE.lock:
             _CACHE.disk_hits += 1
             _CACHE.memory[key] = (cubin, res)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import struct
 
 OPTIONS = ("-std=c++17", "--fmad=true", "-default-device")
 
@@ -56,6 +57,51 @@ def resources(log: str) -> Resources:
                      grab(r"(\d+) bytes stack frame"))
 
 
+# Attributes of a cubin's `.nv.info` section (ELF): the kernel's registers and its stack frame.
+_EIATTR_MAX_STACK_SIZE, _EIATTR_REGCOUNT = 0x11, 0x2F
+
+
+def cubin_resources(cubin: bytes) -> Resources | None:
+    """The registers and stack frame the cubin records for its kernel (one kernel a cubin), or None
+    if it records none. The stack frame stands in for the spills: our kernels keep no local arrays.
+    Why: on the GPU machines (NVRTC 13.0) the program log sometimes lacked ptxas's report, and a
+    kernel then read as 0 registers and no spills (DIEN's tile grid sized for 12 blocks an SM where 9
+    fit), or reported another kernel's numbers (session 31)."""
+    try:
+        shoff, = struct.unpack_from("<Q", cubin, 0x28)
+        entsize, count, strndx = struct.unpack_from("<HHH", cubin, 0x3A)
+        headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * entsize) for i in range(count)]
+        names = headers[strndx][4]
+        info = next(cubin[h[4]:h[4] + h[5]] for h in headers
+                    if cubin[names + h[0]:cubin.index(b"\0", names + h[0])] == b".nv.info")
+    except (struct.error, StopIteration, ValueError, IndexError):
+        return None
+    attrs, i = {}, 0
+    while i + 4 <= len(info):
+        fmt, attr, size = info[i], info[i + 1], struct.unpack_from("<H", info, i + 2)[0]
+        if fmt == 0x04:  # a value of `size` bytes: (symbol, value) for these two
+            if attr in (_EIATTR_REGCOUNT, _EIATTR_MAX_STACK_SIZE) and size == 8:
+                attrs[attr] = struct.unpack_from("<I", info, i + 8)[0]
+            i += 4 + size
+        else:
+            i += 4 if fmt in (0x02, 0x03) else 2
+    if _EIATTR_REGCOUNT not in attrs:
+        return None
+    stack = attrs.get(_EIATTR_MAX_STACK_SIZE, 0)
+    return Resources(attrs[_EIATTR_REGCOUNT], stack, stack)
+
+
+def _resources(log: str, cubin: bytes) -> Resources:
+    """What the cubin records, with the log's spill bytes where the log reports the same kernel
+    (the same registers): the cubin is what runs."""
+    reported, recorded = resources(log), cubin_resources(cubin)
+    if recorded is None:
+        return reported
+    if reported.registers == recorded.registers:
+        return dataclasses.replace(recorded, spill_bytes=reported.spill_bytes)
+    return recorded
+
+
 def compile_cubin(source: str, arch: str, name: str = "kernel.cu") -> tuple[bytes, Resources]:
     nvrtc = _nvrtc()
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
@@ -70,7 +116,7 @@ def compile_cubin(source: str, arch: str, name: str = "kernel.cu") -> tuple[byte
         buf = bytearray(size)
         (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
         _check(nvrtc, err, "nvrtcGetCUBIN")
-        return bytes(buf), resources(_log(nvrtc, prog))
+        return bytes(buf), _resources(_log(nvrtc, prog), bytes(buf))
     finally:
         nvrtc.nvrtcDestroyProgram(prog)
 

@@ -353,15 +353,15 @@ def _map(em: _Emitter, w: Writer, step: T.TileStep, axis: str, one_warp: bool = 
 
 def _staging(em: _Emitter, pro: Writer, top: Writer, end: Writer):
     """Stashed inputs: the first tile's copies before the loop; in the loop, the next tile's copies
-    into the other stage buffer (asynchronous, or through registers stored at the tile's end), and
-    the current buffer's pointers."""
+    into the other stage buffer (asynchronous; through registers stored at once, VECTORS; or through
+    registers stored at the tile's end, REGS), and the current buffer's pointers."""
     plan, m = em.plan, em.plan.mapping
     stashed = [v for v in plan.region.inputs if plan.of(v).home == T.STASH]
     pro("if (blockIdx.x < N_ROWS) {")
     for v in stashed:
         t, st, count = plan.of(v), STYPE[v.dtype], v.size // m.n_rows
         src = f"in{em.inputs[v.id]} + (long long)blockIdx.x * {count}"
-        fn = "js_block_copy_async" if t.copy == T.ASYNC else "js_block_copy"
+        fn = "js_block_copy_async" if t.copy in (T.ASYNC, T.VECTORS) else "js_block_copy"
         pro(f"  {fn}<{st}, {count}, BLOCK>({_stage(t, st, '0')}, {src});")
     pro("}")
     pro("js_stage_commit();")
@@ -370,6 +370,12 @@ def _staging(em: _Emitter, pro: Writer, top: Writer, end: Writer):
         src, nxt = f"in{em.inputs[v.id]}", _stage(t, st, "js_buf ^ 1")
         if t.copy == T.ASYNC:
             top(f"if (js_more) js_block_copy_async<{st}, {count}, BLOCK>({nxt}, {src} + js_next * {count});")
+        elif t.copy == T.VECTORS:  # 16-byte vectors through registers, stored at once
+            n, k = count * v.itemsize // 16, -(-(count * v.itemsize // 16) // m.block)
+            top("#pragma unroll")
+            top(f"for (int k = 0; k < {k}; ++k) if (js_more && tid + k * BLOCK < {n}) "
+                f"reinterpret_cast<uint4*>({nxt})[tid + k * BLOCK] = "
+                f"__ldg(reinterpret_cast<const uint4*>({src} + js_next * {count}) + tid + k * BLOCK);")
         elif t.copy == T.SYNC:
             top(f"if (row != blockIdx.x) js_block_copy<{st}, {count}, BLOCK>({_stage(t, st, 'js_buf')}, {src} + row * {count});")
         else:

@@ -39,11 +39,19 @@ FULL, ROW = "ab", ""  # domains: what a value varies over inside one batch eleme
 # thread (row scalars, the same in every thread).
 STASH, GLOBAL, INLINE, ARRAY, REG = "stash", "global", "inline", "array", "reg"
 
-# How a stashed input is copied ahead: ASYNC, cp.async in 16-byte pieces (its bytes a multiple of 16);
-# REGS, each thread loads a few elements into registers and stores them to shared memory at the
-# tile's end; SYNC, copied when its tile starts (no overlap: large and unaligned).
-ASYNC, REGS, SYNC = "async", "regs", "sync"
+# How a stashed input is copied ahead: VECTORS, at the tile's start each thread loads up to
+# MAX_VECTORS_PER_THREAD 16-byte vectors of the next tile and stores them to the other stage buffer
+# at once (its bytes a multiple of 16; its warps wait for the loads there, the SM's other blocks
+# work meanwhile); ASYNC, cp.async in 16-byte pieces (larger such inputs); REGS, each thread loads a
+# few elements into registers and stores them to shared memory at the tile's end; SYNC, copied when
+# its tile starts (no overlap: large and unaligned). DIEN's float32 attention ([16384, 50, 36]), its
+# keys copied as vectors rather than by cp.async: 110 -> 99 us on an H100 (kernel alone). Holding
+# the vectors in registers to the tile's end instead (as REGS does) gained nothing: its loads stayed
+# in flight across the tile's loops (109 us; 98 where ptxas happened to spill one and so waited for
+# them at the start) (docs/perf_notes.md, session 31).
+ASYNC, VECTORS, REGS, SYNC = "async", "vectors", "regs", "sync"
 MAX_REGS_PER_THREAD = 4
+MAX_VECTORS_PER_THREAD = 4
 
 # Loops of one epoch. EACH walks the tile element by element (full-size
 # outputs, whole-tile reductions); ALONG_B reduces over b for each a (groups of lanes per a);
@@ -78,7 +86,7 @@ class TileValue:
     offset: int = -1     # bytes into dynamic shared memory (stash or array); partials of reductions
     partial_offset: int = -1
     iota_axis: str = ""  # for iota values: the tile axis their dimension runs along
-    copy: str = ""       # stashed inputs: ASYNC, REGS or SYNC
+    copy: str = ""       # stashed inputs: VECTORS, ASYNC, REGS or SYNC
     order: str = ""      # inputs: the axes in memory order when transposed ("nba"), else ""
 
     @property
@@ -358,7 +366,9 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
     for v in region.inputs:
         if N in kinds[v.id]:
             count = v.size // n_rows
-            copy = (ASYNC if count * v.itemsize % 16 == 0 else
+            size = count * v.itemsize
+            copy = (VECTORS if size % 16 == 0 and size // 16 <= MAX_VECTORS_PER_THREAD * block else
+                    ASYNC if size % 16 == 0 else
                     REGS if count <= MAX_REGS_PER_THREAD * block else SYNC)
             tv[v.id] = TileValue(v, kinds[v.id], STASH, 0, 0, stage, copy=copy, order=_transposed(orders[v.id]))
             stage += _pad(count * v.itemsize)
