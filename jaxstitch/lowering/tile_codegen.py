@@ -251,7 +251,7 @@ def _store_width(em: _Emitter, step: T.TileStep) -> int:
 def _pairs(em: _Emitter) -> bool:
     """Whether loops along b take two consecutive b a step: the tile's width is even and a 2-byte
     input lies in shared memory in tile order, whose two elements the compiler then loads as one
-    (`ld.shared.v2.u16`). DIEN's attention in bfloat16: 1.09x (H100, session 31)."""
+    (`ld.shared.v2.u16`). DIEN's attention in bfloat16: 73.2 -> 69.5 us (H100, session 31)."""
     plan = em.plan
     return plan.mapping.tile_b % 2 == 0 and any(
         t.home == T.STASH and t.domain == T.FULL and not t.order and t.value.itemsize == 2 for t in plan.values)

