@@ -102,13 +102,16 @@ class _Emitter:
             return select_product(self.ref(pred), other, self.ctype(out))
         return expression(op, [self.ref(a) for a in op.inputs], self.plan.fast_exp)
 
+    def length(self, axis: str) -> int:
+        return {T.A: self.plan.mapping.tile_a, T.B: self.plan.mapping.tile_b}[axis]
+
     @property
     def slot_count(self) -> int:
-        return -(-{T.A: self.plan.mapping.tile_a, T.B: self.plan.mapping.tile_b}[self.slot_axis] // 32)
+        return -(-self.length(self.slot_axis) // 32)
 
     def slotted(self, axis: str) -> bool:
         """Whether loops over `axis` at row scope walk it in slots."""
-        return {T.A: self.plan.mapping.tile_a, T.B: self.plan.mapping.tile_b}[axis] <= SLOTS * 32
+        return self.length(axis) <= SLOTS * 32
 
     def body(self, w: Writer):
         """A fresh loop body: inline values are computed again inside it."""
@@ -371,7 +374,8 @@ def _staging(em: _Emitter, pro: Writer, top: Writer, end: Writer):
         if t.copy == T.ASYNC:
             top(f"if (js_more) js_block_copy_async<{st}, {count}, BLOCK>({nxt}, {src} + js_next * {count});")
         elif t.copy == T.VECTORS:  # 16-byte vectors through registers, stored at once
-            n, k = count * v.itemsize // 16, -(-(count * v.itemsize // 16) // m.block)
+            n = count * v.itemsize // 16
+            k = -(-n // m.block)
             top("#pragma unroll")
             top(f"for (int k = 0; k < {k}; ++k) if (js_more && tid + k * BLOCK < {n}) "
                 f"reinterpret_cast<uint4*>({nxt})[tid + k * BLOCK] = "

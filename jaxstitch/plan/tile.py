@@ -371,7 +371,7 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
                     ASYNC if size % 16 == 0 else
                     REGS if count <= MAX_REGS_PER_THREAD * block else SYNC)
             tv[v.id] = TileValue(v, kinds[v.id], STASH, 0, 0, stage, copy=copy, order=_transposed(orders[v.id]))
-            stage += _pad(count * v.itemsize)
+            stage += _pad(size)
         else:
             tv[v.id] = TileValue(v, kinds[v.id], GLOBAL, 0, order=_transposed(orders[v.id]))
     smem = 2 * stage
