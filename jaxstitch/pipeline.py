@@ -97,7 +97,7 @@ def compile_region(region, target: Target, cfg: Config) -> Compiled:
                              f"spills with {compiled.registers} registers")
             compiled = _compile_plan(plan, target, cfg)
             if compiled.spilled and not relaxed:
-                narrower = _paired_narrower(region, target, cfg, compiled, max_tpr)
+                narrower = _narrower(region, target, cfg, compiled, max_tpr)
                 if narrower is not None:
                     m = compiled.plan.kernel.mapping
                     tried.append(f"{m.name} ({m.elems_per_thread} elements a thread): spills with "
@@ -119,16 +119,18 @@ def compile_region(region, target: Target, cfg: Config) -> Compiled:
     return dataclasses.replace(compiled, tried=tuple(tried))
 
 
-def _paired_narrower(region, target: Target, cfg: Config, spilled: Compiled, max_tpr: int) -> Compiled | None:
-    """A paired kernel (plan/pairs.py) that spills under its register cap, planned with half the
-    elements a thread (a narrower vector), where that fits the cap: lifting the cap instead leaves
-    one block an SM (mapping.PAIRED_MAX_ELEMS). None otherwise."""
+def _narrower(region, target: Target, cfg: Config, spilled: Compiled, max_tpr: int) -> Compiled | None:
+    """A paired kernel (plan/pairs.py) or one of rows several to a warp that spills under its
+    register cap, planned with half the elements a thread (a narrower vector, or more threads a
+    row), where that fits the cap: lifting the cap instead leaves one block an SM
+    (mapping.PAIRED_MAX_ELEMS, mapping.PACKED_BUDGET_FACTOR). None otherwise."""
     kernel = spilled.plan.kernel
-    if not isinstance(kernel, KernelPlan) or not kernel.mapping.pair or kernel.mapping.elems_per_thread <= 2:
+    if (not isinstance(kernel, KernelPlan) or not (kernel.mapping.pair or kernel.mapping.tpr < 32)
+            or kernel.mapping.elems_per_thread <= 2):
         return None
     tuning = dataclasses.replace(cfg.tuning, max_tpr=max_tpr, elems=kernel.mapping.elems_per_thread // 2)
     plan = plan_region(region, target, tuning)
-    if plan.kernel is None or getattr(plan.kernel.mapping, "pair", 0) == 0:
+    if not isinstance(plan.kernel, KernelPlan) or (kernel.mapping.pair and not plan.kernel.mapping.pair):
         return None
     compiled = _compile_plan(plan, target, cfg)
     return None if compiled.spilled else compiled
