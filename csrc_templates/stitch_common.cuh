@@ -421,12 +421,14 @@ __device__ __forceinline__ float js_warp_partial(const float* partials, float em
 }
 
 // (value, index) pairs for argmax/argmin: ties and NaNs resolve to the smallest index, like XLA.
-template <bool IS_MAX>
+// LATER: i2 is known to be larger than i (a thread's later element), so ties keep (v, i).
+template <bool IS_MAX, bool LATER = false>
 __device__ __forceinline__ void js_arg_combine(float& v, int& i, float v2, int i2) {
+  const bool first = !LATER && i2 < i;
   bool nan1 = v != v, nan2 = v2 != v2;
   bool take;
-  if (nan1 || nan2) take = nan2 && (!nan1 || i2 < i);
-  else take = (IS_MAX ? v2 > v : v2 < v) || (v2 == v && i2 < i);
+  if (nan1 || nan2) take = nan2 && (!nan1 || first);
+  else take = (IS_MAX ? v2 > v : v2 < v) || (v2 == v && first);
   if (take) { v = v2; i = i2; }
 }
 template <int W, bool IS_MAX>

@@ -33,27 +33,70 @@ def reduce_accumulate(k: Kernel, w: Writer, ops: list[ir.Op]):
             continue
         if op.prim == opdefs.VARIADIC:
             elems = [f"({k.ctype(out)})({k.ref(a)})" for out, a in zip(op.outputs, op.inputs)]
-            k.each_element(w, f"{combiner(k, op)}({_partials(op)}, {', '.join(elems)});")
+            args = f"({_partials(op)}, {', '.join(elems)});"
+            later = combiner(k, op, _column_indices(k, op))
+            k.each_element(w, f"{combiner(k, op)}{args}" if later == combiner(k, op) else
+                           f"if (e == 0) {combiner(k, op)}{args} else {later}{args}")
         elif op.prim in ARG_REDUCE:
-            k.each_element(w, f"js_arg_combine<{ARG_REDUCE[op.prim]}>(p{o.id}, q{o.id}, (float){k.ref(src)}, "
-                              f"{col_index('e')});")
+            args = f"(p{o.id}, q{o.id}, (float){k.ref(src)}, {col_index('e')});"
+            fold = f"js_arg_combine<{ARG_REDUCE[op.prim]}>{args}"
+            k.each_element(w, f"if (e == 0) {fold} else js_arg_combine<{ARG_REDUCE[op.prim]}, true>{args}"
+                           if _ascending(k) else fold)
         else:
             fn, ct = REDUCE[op.prim][0], k.ctype(o)
             k.each_element(w, f"p{o.id} = {fn}(p{o.id}, ({ct}){k.ref(src)});")
 
 
-def combiner(k: Kernel, op: ir.Op) -> str:
+def _ascending(k: Kernel) -> bool:
+    """Whether a thread's elements of a chunk lie in ascending columns (each_element's order): not
+    where a paired mapping interleaves two halves (plan/pairs.py)."""
+    return not k.m.pair
+
+
+def _column_indices(k: Kernel, op: ir.Op) -> frozenset[int]:
+    """The operands of a variadic reduce that are each element's own column (an iota along the
+    row), where a thread folds its elements in ascending columns: for every element after a chunk's
+    first, such an operand is larger in the element than in the partials."""
+    if not _ascending(k):
+        return frozenset()
+    c = k.layout.n_cols
+    return frozenset(j for j, a in enumerate(op.inputs[:len(op.outputs)])
+                     if isinstance(a, ir.Value) and k.layout.of(a).iota == (1, c)
+                     and k.layout.of(a).storage == COL)
+
+
+# A comparison of a partial's column index a with a later element's b (b > a), by its primitive and
+# whether the element is its first operand.
+_KNOWN = {("lt", True): "false", ("lt", False): "true", ("le", True): "false", ("le", False): "true",
+          ("gt", True): "true", ("gt", False): "false", ("ge", True): "true", ("ge", False): "false",
+          ("eq", True): "false", ("eq", False): "false", ("ne", True): "true", ("ne", False): "true"}
+
+
+def combiner(k: Kernel, op: ir.Op, later: frozenset[int] = frozenset()) -> str:
     """The name of a device function folding a variadic reduce's elements into its partials, in place:
     the reduce's combiner (an ir.Graph over scalars, trace.py) rendered op by op. Defined once per
-    kernel, before it (`k.functions`)."""
-    name = f"js_comb{op.outputs[0].id}"
+    kernel, before it (`k.functions`). `later`: operands that are column indices (`_column_indices`)
+    of an element known to come after the partials' columns: comparisons between the two are
+    rendered as the constants they are, so that an argmax's tie-break (the smaller index wins)
+    folds away, as within a thread's ascending elements it never applies."""
+    name = f"js_comb{op.outputs[0].id}" + ("_later" if later else "")
     if name in k.functions:
         return name
     graph, n = op.param("combiner"), len(op.outputs)
     names = {v.id: (f"a{i}" if i < n else f"b{i - n}") for i, v in enumerate(graph.inputs)}
+    index_of = {graph.inputs[j].id: (j, False) for j in later}
+    index_of.update({graph.inputs[n + j].id: (j, True) for j in later})
 
     def ref(a: ir.Atom) -> str:
         return literal(a.value, a.dtype) if isinstance(a, ir.Const) else names[a.id]
+
+    def known(g: ir.Op) -> str | None:
+        if len(g.inputs) != 2:
+            return None
+        x, y = (index_of.get(getattr(a, "id", None)) for a in g.inputs)
+        if x is None or y is None or x[0] != y[0] or x[1] == y[1]:
+            return None  # (not the same operand's partial and element)
+        return _KNOWN.get((g.prim, x[1]))
 
     params = [f"{CTYPE[v.dtype]}& a{i}" for i, v in enumerate(graph.inputs[:n])]
     params += [f"const {CTYPE[v.dtype]} b{i}" for i, v in enumerate(graph.inputs[n:])]
@@ -61,7 +104,8 @@ def combiner(k: Kernel, op: ir.Op) -> str:
     for g in graph.ops:
         out = g.outputs[0]
         names[out.id] = f"c{out.id}"
-        lines.append(f"  const {CTYPE[out.dtype]} c{out.id} = {EXPR[g.prim](g, [ref(a) for a in g.inputs])};")
+        expr = known(g) or EXPR[g.prim](g, [ref(a) for a in g.inputs])
+        lines.append(f"  const {CTYPE[out.dtype]} c{out.id} = {expr};")
     # (all results first: an output may read an accumulator another one overwrites)
     lines += [f"  const {CTYPE[v.dtype]} r{i} = {ref(a)};" for i, (v, a) in enumerate(zip(graph.inputs, graph.outputs))]
     lines += [f"  a{i} = r{i};" for i in range(n)] + ["}"]
