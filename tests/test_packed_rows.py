@@ -97,3 +97,12 @@ def test_row_loop_barrier_only_where_shared_memory_is_shared(tmp_path, monkeypat
     assert "js_stage_wait<1>();" in loop  # two stages
     top = loop[:loop.index("js_buf ^= 1;")]
     assert ("__syncthreads();" in top) == barrier
+
+
+def test_one_hot_is_not_split_where_warps_hold_whole_rows(tmp_path, monkeypatch):
+    """Every warp holds its rows' hits: a copy for vectors that miss would run beside the general
+    one in every warp (codegen._split_one_hot). Rows walked in chunks keep the split."""
+    assert "js_hit" not in _code(tmp_path / "a", monkeypatch, moe_router, sds((1 << 20, 64), jnp.bfloat16))
+    xent = WORKLOADS["xent_fwdbwd"]
+    specs = [sds(a.shape, a.dtype) for a in xent.make_inputs(jax.random.key(0), jnp.dtype("float32"), True)]
+    assert "if (!js_hit" in _code(tmp_path / "b", monkeypatch, xent.fn, *specs)

@@ -114,7 +114,9 @@ def _split_one_hot(k: Kernel, w: Writer, emit, tag: int):
     (nearly always) run a copy in which those compares are constants, so `one_hot * x` (a select,
     Kernel.predicate_product) is a constant 0 there and sums of it fold away. Exact: the same
     expressions with an operand known. Values made in either copy live only there (later code
-    rematerializes)."""
+    rematerializes). Not where warps hold whole rows (several to a warp, or a warp each, in one
+    chunk): every warp then meets its rows' hits and runs both copies, one after the other
+    (moe_router's 64 experts on an H100: the miss copy's adds of a zero were on every warp's path)."""
     copies = dict(k.copies)
     k.one_hots_used = {}
     general = Writer(w.indent)
@@ -123,8 +125,9 @@ def _split_one_hot(k: Kernel, w: Writer, emit, tag: int):
     emit(general)
     used = dict(k.one_hots_used)
     k.writer = w
-    if not used or k.scans_emitted != scans:  # the code as emitted, in place (a scan's barriers and
-        # shuffles must be reached by every thread: not split into branches)
+    whole_rows = k.m.tpr <= 32 and k.m.chunks == 1
+    if not used or k.scans_emitted != scans or whole_rows:  # the code as emitted, in place (a scan's
+        # barriers and shuffles must be reached by every thread: not split into branches)
         w.lines.extend(general.lines)
         return
     k.copies = dict(copies)
