@@ -123,7 +123,7 @@ def _narrower(region, target: Target, cfg: Config, spilled: Compiled, max_tpr: i
     """A paired kernel (plan/pairs.py) or one of rows several to a warp that spills under its
     register cap, planned with half the elements a thread (a narrower vector, or more threads a
     row), where that fits the cap: lifting the cap instead leaves one block an SM
-    (mapping.PAIRED_MAX_ELEMS, mapping.PACKED_BUDGET_FACTOR). None otherwise."""
+    (mapping.PAIRED_MAX_ELEMS, and mapping.choose's budget for packed rows). None otherwise."""
     kernel = spilled.plan.kernel
     if (not isinstance(kernel, KernelPlan) or not (kernel.mapping.pair or kernel.mapping.tpr < 32)
             or kernel.mapping.elems_per_thread <= 2):

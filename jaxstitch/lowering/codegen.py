@@ -291,8 +291,7 @@ def render(plan: KernelPlan | TilePlan | RemotePlan | ScanPlan) -> Source:
         # No shared memory but the stage buffers, whose slots each thread copies and reads back
         # itself: nothing for the barrier to order. (Otherwise it also orders the rounds of the
         # row reductions and scans through shared memory.) moe_router's row kernel, H100: 2-3%.
-        body.lines[loop_top] = None
-        body.lines[:] = [line for line in body.lines if line is not None]
+        del body.lines[loop_top]
         loop_top = None
     reductions.drop_reuse_barriers(k, loop_top_barrier=loop_top is not None)
 

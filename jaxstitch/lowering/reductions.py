@@ -34,9 +34,9 @@ def reduce_accumulate(k: Kernel, w: Writer, ops: list[ir.Op]):
         if op.prim == opdefs.VARIADIC:
             elems = [f"({k.ctype(out)})({k.ref(a)})" for out, a in zip(op.outputs, op.inputs)]
             args = f"({_partials(op)}, {', '.join(elems)});"
-            later = combiner(k, op, _column_indices(k, op))
-            k.each_element(w, f"{combiner(k, op)}{args}" if later == combiner(k, op) else
-                           f"if (e == 0) {combiner(k, op)}{args} else {later}{args}")
+            first, later = combiner(k, op), combiner(k, op, _column_indices(k, op))
+            k.each_element(w, f"{first}{args}" if later == first else
+                           f"if (e == 0) {first}{args} else {later}{args}")
         elif op.prim in ARG_REDUCE:
             args = f"(p{o.id}, q{o.id}, (float){k.ref(src)}, {col_index('e')});"
             fold = f"js_arg_combine<{ARG_REDUCE[op.prim]}>{args}"

@@ -29,13 +29,6 @@ CHUNKED_TPR = 512
 # (86% of the roofline) against 48.7 at 8; the fwd+bwd spills at 16 (157 registers once its cap is
 # lifted, one block of 256 an SM: 157.8 us) and ran 113.7 us at 8 (80 registers).
 PAIRED_MAX_ELEMS = 16
-# Rows several to a warp (horizontal packing) may hold elements in all the registers the launch
-# bounds leave a thread (65536 / MIN_THREADS_PER_SM = 85), not only 64: every thread of a row pays
-# each row reduction's log2(TPR) shuffle rounds and the row's scalar work for its E elements, so
-# fewer threads a row with more elements each issue less per element. A kernel that spills is
-# planned again with half as many (pipeline.py). H100, CuPy, moe_router's row kernel over [1M, 64]
-# (an argmax, a softmax sum, two column means; 5 arrays held): bfloat16 4 threads a row of 16
-# elements 85.5 us against 8 of 8 107.2 (72 against 56 registers).
 # Rows this short load directly, without async staging: a thread's share of a row group is a vector
 # or two, and its copies cost more than they hide. H200, GPU time, bias + GELU backward over 16
 # columns forced: float32 65.2 us staged, 56.4 unstaged (XLA 73.9); bfloat16 50.5 and 49.6. (At 1k
@@ -437,6 +430,14 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
         budget = max(vec, tuning.elems)
     tpr, vpt, chunks = _row_shape(c, vec, budget, tuning.max_tpr)
     if tpr < 32 and chunks == 1 and not tuning.elems and not pair:
+        # Rows several to a warp (horizontal packing) hold elements in all the registers the launch
+        # bounds leave a thread (65536 / MIN_THREADS_PER_SM = 85), not only 64: every thread of a row
+        # pays each row reduction's log2(TPR) shuffle rounds and the row's scalar work for its E
+        # elements, so fewer threads a row with more elements each issue less per element. A kernel
+        # that spills is planned again with half as many (pipeline._narrower). H100, CuPy,
+        # moe_router's row kernel over [1M, 64] (an argmax, a softmax sum, two column means; 5
+        # arrays held): bfloat16 4 threads a row of 16 elements 85.5 us against 8 of 8 107.2 (72
+        # against 56 registers).
         packed = _pow2_at_most(target.regs_per_sm // tuning.min_threads // max(1, n_live_arrays))
         tpr, vpt, chunks = _row_shape(c, vec, max(budget, min(MAX_ELEMS_PER_THREAD, packed)), tuning.max_tpr)
     if one_pass and chunks > 1 and tpr > ONE_PASS_TPR and tuning.max_tpr == Tuning.max_tpr:
