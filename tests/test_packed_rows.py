@@ -12,14 +12,10 @@ import jax.numpy as jnp
 import pytest
 
 import jaxstitch
-from jaxstitch.workloads import WORKLOADS, moe_router
+from jaxstitch.workloads import WORKLOADS, moe_router, top1_pair
 from test_variadic import argmax_with_value, argmin_with_value
 
 sds = jax.ShapeDtypeStruct
-
-
-def _region(report):
-    return max(report.regions, key=lambda r: r.rows or 0)
 
 
 def _code(tmp_path, monkeypatch, fun, *specs) -> str:
@@ -79,9 +75,8 @@ def test_values_that_are_not_the_column_keep_the_combiner(tmp_path, monkeypatch)
     """An index iota of another stride (here: every column's index halved) is not ascending."""
     def halved(x):
         i = jax.lax.broadcasted_iota(jnp.int32, x.shape, 1) // 2
-        return jax.lax.reduce((x, i), (-jnp.inf, 0), _top1, (1,))
+        return jax.lax.reduce((x, i), (-jnp.inf, 0), top1_pair, (1,))
 
-    from jaxstitch.workloads import top1_pair as _top1
     code = _code(tmp_path, monkeypatch, halved, sds((4096, 64), jnp.float32))
     assert "js_comb" in code and "_later" not in code
 
