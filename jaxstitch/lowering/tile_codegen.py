@@ -196,13 +196,15 @@ def _each(em: _Emitter, w: Writer, step: T.TileStep):
 
 
 def _fold(em: _Emitter, w: Writer, reds, loop_head: str, first: str = "", stores=(), width: int = 1,
-          unroll: bool = False):
+          unroll: bool = False, per_column: bool = False):
     """The reductions' accumulators set to their identities, then folded over `loop_head`'s
     iterations (inline values computed again in each, after `first`); `stores`: outputs stored in
     each iteration. `width` > 1: each iteration walks b0 .. b0 + width - 1 and stores each output's
-    `width` values as one vector at (row, a, b0)."""
+    `width` values as one vector at (row, a, b0); `per_column`: each reduction keeps an accumulator
+    for each of those b (`acc[u]`), where it reduces along a."""
     for op, ct, fn, ident in reds:
-        w(f"{ct} acc{op.outputs[0].id} = {ident};")
+        init = "{" + ", ".join([ident] * width) + "}" if per_column else ident
+        w(f"{ct} acc{op.outputs[0].id}{f'[{width}]' if per_column else ''} = {init};")
     if unroll:
         w("#pragma unroll")
     w(loop_head + " {")
@@ -219,7 +221,8 @@ def _fold(em: _Emitter, w: Writer, reds, loop_head: str, first: str = "", stores
         body("const int b = b0 + u;")
     em.body(body)
     for op, ct, fn, ident in reds:
-        body(f"acc{op.outputs[0].id} = {fn}(acc{op.outputs[0].id}, ({ct})({em.ref(op.inputs[0])}));")
+        acc = f"acc{op.outputs[0].id}" + ("[u]" if per_column else "")
+        body(f"{acc} = {fn}({acc}, ({ct})({em.ref(op.inputs[0])}));")
     for j, o in _indexed(em, stores):
         if width > 1:
             body(f"js_v{j}[u] = {em.ref(o)};")
@@ -299,16 +302,7 @@ def _along_a(em: _Emitter, w: Writer, step: T.TileStep):
 def _along_a_pairs(em: _Emitter, w: Writer, reds):
     with w.block("for (int t = tid; t < SLICES * (TB / 2); t += BLOCK) {"):
         w("const int b0 = 2 * (t % (TB / 2)), s = t / (TB / 2);")
-        for op, ct, fn, ident in reds:
-            w(f"{ct} acc{op.outputs[0].id}[2] = {{{ident}, {ident}}};")
-        with w.block("for (int a = s; a < TA; a += SLICES) {"):
-            w("#pragma unroll")
-            with w.block("for (int u = 0; u < 2; ++u) {"):
-                w("const int b = b0 + u;")
-                em.body(w)
-                for op, ct, fn, ident in reds:
-                    acc = f"acc{op.outputs[0].id}[u]"
-                    w(f"{acc} = {fn}({acc}, ({ct})({em.ref(op.inputs[0])}));")
+        _fold(em, w, reds, "for (int a = s; a < TA; a += SLICES)", width=2, per_column=True)
         for op, ct, fn, ident in reds:
             out = op.outputs[0]
             part = f"reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})"
