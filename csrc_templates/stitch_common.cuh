@@ -461,23 +461,54 @@ __device__ __forceinline__ unsigned int js_grid_generation() {
   return threadIdx.x == 0 ? js_load_acquire(&js_bar_generation) : 0u;
 }
 
-// A grid-wide barrier; `generation`: the block's count of barriers opened (js_grid_generation at
-// the start). The last block to arrive (atomicInc wraps the arrivals to 0 at gridDim.x) opens the
-// next generation, which the others wait for. Readers of what other blocks wrote before the barrier
-// load it with __ldcg (L2), never through a possibly stale L1 line.
-__device__ __forceinline__ void js_grid_sync(unsigned int& generation) {
+// An atomic increment (wrapping to 0 past `wrap`) with acquire and release semantics at GPU scope:
+// the block's writes (ordered before it by __syncthreads) are released with the arrival, and the last
+// arrival acquires every earlier one's, so no separate fence is needed (measured: ~1% on the split
+// rows and the router, H100, against __threadfence around atomicInc).
+__device__ __forceinline__ unsigned int js_arrive(unsigned int* counter, unsigned int wrap) {
+  unsigned int old;
+  asm volatile("atom.acq_rel.gpu.inc.u32 %0, [%1], %2;" : "=r"(old) : "l"(counter), "r"(wrap) : "memory");
+  return old;
+}
+
+// A barrier of `parties` blocks over one arrivals counter and one generation word; `generation`: the
+// block's count of barriers opened there. The last block to arrive (the arrivals wrap back to 0)
+// opens the next generation, which the others wait for. Readers of what other blocks wrote before
+// the barrier load it with __ldcg (L2), never through a possibly stale L1 line.
+__device__ __forceinline__ void js_barrier(unsigned int* arrived, unsigned int* opened, unsigned int parties,
+                                           unsigned int& generation) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicInc(&js_bar_arrived, gridDim.x - 1) == gridDim.x - 1) {
-      __threadfence();
-      asm volatile("st.release.gpu.u32 [%0], %1;" :: "l"(&js_bar_generation), "r"(generation + 1) : "memory");
+    if (js_arrive(arrived, parties - 1) == parties - 1) {
+      asm volatile("st.release.gpu.u32 [%0], %1;" :: "l"(opened), "r"(generation + 1) : "memory");
     } else {
-      while (js_load_acquire(&js_bar_generation) == generation) {}
+      while (js_load_acquire(opened) == generation) {}
     }
     ++generation;
   }
   __syncthreads();
+}
+
+// A grid-wide barrier (js_grid_generation gives a block its first `generation`).
+__device__ __forceinline__ void js_grid_sync(unsigned int& generation) {
+  js_barrier(&js_bar_arrived, &js_bar_generation, gridDim.x, generation);
+}
+
+// The barrier of one row's blocks: a row split over SPLITS blocks (blocks SPLITS * g .. SPLITS * g +
+// SPLITS - 1 of row group g, in every round) combines its slices' partials, which only those blocks
+// read, so they wait for each other and not for the grid: on an H100 a bfloat16 softmax fwd+bwd over
+// 32 rows of 256k (256 blocks, 8 a row) took 28.9 us against 31.2 at a grid barrier (float32, 4 a
+// row, the same). Counters by row group, as the grid barrier's: zero at load, left as found.
+#define JS_ROW_GROUPS 2048
+__device__ unsigned int js_group_arrived[JS_ROW_GROUPS];
+__device__ unsigned int js_group_generation[JS_ROW_GROUPS];
+
+__device__ __forceinline__ unsigned int js_row_group_generation(unsigned int group) {
+  return threadIdx.x == 0 ? js_load_acquire(js_group_generation + group) : 0u;
+}
+
+__device__ __forceinline__ void js_row_group_sync(unsigned int group, unsigned int splits, unsigned int& generation) {
+  js_barrier(js_group_arrived + group, js_group_generation + group, splits, generation);
 }
 
 // Copy COUNT elements from global to shared memory with the block's BLOCK threads, element by

@@ -295,7 +295,7 @@ LONG_ROWS = [  # (workload, dtype, shape, what the mapping must say)
     # two rows to an SM: the stash holds 3 of 4 chunks, the 4th is read from global memory each pass
     ("softmax_fwdbwd", "bfloat16", (300, 32000), r"\d+ chunks, shared stash of \d+"),  # two inputs
     ("xent_fwdbwd", "float32", (300, 32000), r"\d+ chunks, shared stash of \d+"),
-    # few rows: each split over blocks, partial reductions combined past grid barriers
+    # few rows: each split over blocks, partial reductions combined past their row's barriers
     ("softmax_fwdbwd", "bfloat16", (61, 20000), r"rows split over \d+ blocks"),
     ("softmax_fwdbwd", "float32", (37, 60001), r"rows split over \d+ blocks"),
     ("layernorm_fwd", "float32", (5, 30001), r"rows split over \d+ blocks"),  # slices in registers

@@ -620,12 +620,29 @@ def test_spilling_kernels_fall_back_and_report_what_was_tried(monkeypatch):
 ], ids=["softmax-f32", "softmax-bf16", "xent-bf16", "layernorm-fwd-odd"])
 def test_few_long_rows_are_split(fn, specs):
     """Too few long rows to fill an H200's SMs: each row's slices go to several blocks, whose partial
-    reductions meet in the workspace past grid barriers; one kernel, compiled without spills."""
+    reductions meet in the workspace past their row's barriers; one kernel, compiled without spills."""
     with force_stitching():
         report = explain(fn, *specs, target="h200")
     assert report.stitched_kernels == 1, str(report)
     r = next(r for r in report.regions if r.stitched)
     assert re.search(r"rows split over \d+ blocks", r.mapping), str(report)
+
+
+@needs_nvrtc
+def test_split_rows_meet_at_their_rows_barrier():
+    """A split row's slices combine past a barrier of that row's blocks (js_row_group_sync), not
+    the grid's; a grid-wide sum in the same kernel (cross-entropy's mean) keeps the grid barrier."""
+    def kernel(fn, specs):
+        with force_stitching():
+            program = _program(fn, list(specs), target="h200")
+        c = next(c for c in program.regions if c.stitched)
+        assert c.plan.kernel.mapping.splits > 1 and c.cubin
+        return c.source.split('extern "C"')[1]
+
+    soft = kernel(softmax_fwdbwd, (S((32, 262144), jnp.float32),) * 2)
+    assert "js_row_group_sync(" in soft and "js_grid_sync(" not in soft
+    xent = kernel(WORKLOADS["xent_fwdbwd"].fn, _xent_specs(64, 120000, jnp.bfloat16))
+    assert "js_row_group_sync(" in xent and "js_grid_sync(" in xent
 
 
 @pytest.mark.parametrize("rows,splits", [(1, 64), (8, 16), (9, 14), (12, 11), (17, 15), (18, 7), (19, 13),

@@ -181,11 +181,14 @@ def render(plan: KernelPlan | TilePlan | RemotePlan | ScanPlan) -> Source:
         pro("float* js_ws = reinterpret_cast<float*>(ws);")
         pro("unsigned int js_gen = js_grid_generation();  // (read long before the first barrier)")
     if k.split:
-        pro("unsigned int js_round = 0;  // grid barriers crossed (combine_slices)")
+        pro("unsigned int js_round = 0;  // row barriers crossed (combine_slices)")
         # Rounds of whole rows: a row's slices must meet at the same barriers, so each round runs
         # gridDim.x / SPLITS rows (the planner keeps SPLITS <= the SMs, so at least one fits).
         pro("const long long js_step = (long long)(gridDim.x / SPLITS) * SPLITS;")
         pro("if (js_step == 0) __trap();  // fewer blocks than slices: fail loudly, never a wrong result")
+        # A row's blocks meet at their own barrier (combine_slices); blocks past js_step have no row.
+        pro("if (gridDim.x / SPLITS > JS_ROW_GROUPS) __trap();")
+        pro("unsigned int js_row_gen = blockIdx.x < js_step ? js_row_group_generation(blockIdx.x / SPLITS) : 0u;")
     for v in region.inputs:
         p, i = layout.of(v), k.inputs[v.id]
         if p.storage == SCALAR:
@@ -307,7 +310,7 @@ def render(plan: KernelPlan | TilePlan | RemotePlan | ScanPlan) -> Source:
     if grid_ops:
         render_epilogue(k, epi, shared, grid_ops, epi_ops)
 
-    if k.split:  # one task per (row, slice); every block runs the same number of rounds (grid barriers)
+    if k.split:  # one task per (row, slice); every block runs the same number of rounds (its row's barriers)
         loop_head = "\n".join([
             "  for (long long base = blockIdx.x; base - blockIdx.x < N_TASKS; base += js_step) {",
             "    const long long row = base / SPLITS;",

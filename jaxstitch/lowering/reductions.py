@@ -282,12 +282,13 @@ def _variadic_warps(k: Kernel, w: Writer, op: ir.Op, bank: int, first: int):
 
 def combine_slices(k: Kernel, w: Writer, slots):
     """A split row: each block has reduced its slice; the slices' partials meet in the workspace,
-    past a grid barrier, and every block of the row combines them in slice order.
+    past a barrier of the row's blocks (js_row_group_sync: they wait for each other, not for the
+    grid), and every block of the row combines them in slice order.
 
     A round's task of a block is the same (row in round, slice) pair, so a partial's slot is the
     block's; two sets of slots, by the parity of the barriers crossed, so that a block writing the
-    next partials never meets one still reading these (between them lies a barrier). The workspace
-    thus does not depend on the row count (shape families)."""
+    next partials never meets one of its row still reading these (between them lies the row's
+    barrier). The workspace thus does not depend on the row count (shape families)."""
     offsets = {g.value_id: g.offset for g in k.plan.split_partials}
     cap = k.m.grid_cap
     w("if (tid == 0 && row_ok) {")
@@ -297,7 +298,7 @@ def combine_slices(k: Kernel, w: Writer, slots):
         w(f"  js_ws[{offsets[o]} + (js_round & 1u) * {cap} + blockIdx.x] = {val};")
     w("}")
     w("++js_round;")
-    w("js_grid_sync(js_gen);")
+    w("if (blockIdx.x < js_step) js_row_group_sync(blockIdx.x / SPLITS, SPLITS, js_row_gen);")
     w("if (row_ok) {")
     def getter(o, kind):
         at = f"js_ws + {offsets[o]} + ((js_round - 1u) & 1u) * {cap} + (blockIdx.x / SPLITS) * SPLITS"
