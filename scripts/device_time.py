@@ -7,7 +7,7 @@ torch's CUPTI profiler (on the GPU machines, not a jaxstitch dependency): per ca
 the first kernel's start to the last one's end, and the kernels in it; medians over calls.
 
     python3 scripts/device_time.py [--calls 7] [--only adamw_bert | --all] [--quick]
-        [--dtype bfloat16] [--shape 16,262144] [--tune "stages=2" ...]
+        [--dtype bfloat16] [--shape 16,262144] [--tune "stages=2" ...] [--events]
 
 Any call shorter than the host's dispatch of it (30-60 µs a call on the GPU machines, for jax.jit as
 for us) is timed by the benchmark's back-to-back loop as host time; its GPU span is what the
@@ -60,6 +60,13 @@ def one_call(f, args) -> tuple[float, int]:
     return end - start, sum(e.get("cat") == "kernel" for e in ev)
 
 
+def call_events(f, args) -> list[tuple[float, float, str]]:
+    """(start offset, duration, name) of one call's GPU events, the GPU idle before it."""
+    jax.block_until_ready(f(*args))
+    ev = sorted(gpu_events(lambda: jax.block_until_ready(f(*args))), key=lambda e: e["ts"])
+    return [(e["ts"] - ev[0]["ts"], e["dur"], e["name"][:60]) for e in ev]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=7)
@@ -71,6 +78,9 @@ def main():
                     "workload's own")
     ap.add_argument("--tune", nargs="+", metavar="SPEC", default=[],
                     help='also time stitched variants planned with JAXSTITCH_TUNE=SPEC')
+    ap.add_argument("--events", action="store_true",
+                    help="also list one stitched call's GPU events (start offset, duration): gaps "
+                    "where the GPU waited for the host show there")
     opts = ap.parse_args()
     names = list(WORKLOADS) if opts.all else opts.only
     dtypes = ("float32", "bfloat16") if opts.dtype == "all" else (opts.dtype,)
@@ -109,8 +119,11 @@ def main():
                 timed.append(f"{spec}: {vs:.1f} ({ss / vs:.2f}x, {100 * ideal / vs:.0f}%)")
             if timed:
                 variants.append(f"  {label} {dtype}: default {ss:.1f} | " + " | ".join(timed))
+            if opts.events:
+                variants.append(f"  {label} {dtype}, one stitched call's events (+start µs, µs, name):")
+                variants += [f"    +{t:9.1f} {d:9.1f} {n}" for t, d, n in call_events(fns[1], args)]
     if variants:
-        print("\nvariants (GPU µs; x = default / variant, >1 means the variant is faster)")
+        print("\nvariants (GPU µs; x = default / variant, >1 means the variant is faster) and events")
         print("\n".join(variants))
 
 
