@@ -49,22 +49,20 @@ def gpu_events(run, cats=GPU_EVENTS) -> list[dict]:
     return [e for e in events if e.get("ph") == "X" and (cats is None or e.get("cat") in cats)]
 
 
+def call_gpu_events(f, args) -> list[dict]:
+    """One call's GPU events in start order, the GPU idle before it (after a call of its own)."""
+    jax.block_until_ready(f(*args))
+    return sorted(gpu_events(lambda: jax.block_until_ready(f(*args))), key=lambda e: e["ts"])
+
+
 def one_call(f, args) -> tuple[float, int]:
     """(span µs, kernels) of one call, the GPU idle before it."""
-    jax.block_until_ready(f(*args))
-    ev = gpu_events(lambda: jax.block_until_ready(f(*args)))
+    ev = call_gpu_events(f, args)
     if not ev:
         return float("nan"), 0
     start = min(e["ts"] for e in ev)
     end = max(e["ts"] + e["dur"] for e in ev)
     return end - start, sum(e.get("cat") == "kernel" for e in ev)
-
-
-def call_events(f, args) -> list[tuple[float, float, str]]:
-    """(start offset, duration, name) of one call's GPU events, the GPU idle before it."""
-    jax.block_until_ready(f(*args))
-    ev = sorted(gpu_events(lambda: jax.block_until_ready(f(*args))), key=lambda e: e["ts"])
-    return [(e["ts"] - ev[0]["ts"], e["dur"], e["name"][:60]) for e in ev]
 
 
 def main():
@@ -121,7 +119,8 @@ def main():
                 variants.append(f"  {label} {dtype}: default {ss:.1f} | " + " | ".join(timed))
             if opts.events:
                 variants.append(f"  {label} {dtype}, one stitched call's events (+start µs, µs, name):")
-                variants += [f"    +{t:9.1f} {d:9.1f} {n}" for t, d, n in call_events(fns[1], args)]
+                ev = call_gpu_events(fns[1], args)
+                variants += [f"    +{e['ts'] - ev[0]['ts']:9.1f} {e['dur']:9.1f} {e['name'][:60]}" for e in ev]
     if variants:
         print("\nvariants (GPU µs; x = default / variant, >1 means the variant is faster) and events")
         print("\n".join(variants))
