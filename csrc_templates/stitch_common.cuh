@@ -517,6 +517,11 @@ template <typename S, int COUNT, int BLOCK>
 __device__ __forceinline__ void js_block_copy(S* __restrict__ dst, const S* __restrict__ src) {
   for (int i = threadIdx.x; i < COUNT; i += BLOCK) dst[i] = src[i];
 }
+// The same copy into floats, converted on the way (a half-precision input stashed as float32).
+template <typename S, int COUNT, int BLOCK>
+__device__ __forceinline__ void js_block_copy_wide(float* __restrict__ dst, const S* __restrict__ src) {
+  for (int i = threadIdx.x; i < COUNT; i += BLOCK) dst[i] = js_io<S>::get(src[i]);
+}
 // The same copy started asynchronously (cp.async, evict-first in L2), when COUNT elements are a
 // whole number of 16-byte pieces: it lands after js_stage_commit and js_stage_wait.
 template <typename S, int COUNT, int BLOCK>

@@ -66,7 +66,7 @@ class _Emitter:
         if t.home == T.STASH:  # (a transposed input lies in shared memory as in global memory)
             full = "b * TA + a" if t.order else "a * TB + b"
             idx = {T.FULL: full, T.A: "a", T.B: "b", T.ROW: "0"}[t.domain]
-            return f"js_io<{STYPE[v.dtype]}>::get(sm{v.id}[{idx}])"
+            return f"sm{v.id}[{idx}]" if t.wide else f"js_io<{STYPE[v.dtype]}>::get(sm{v.id}[{idx}])"
         if t.home == T.GLOBAL:
             return f"js_io<{STYPE[v.dtype]}>::get(in{self.inputs[v.id]}[{_index(t.order or t.kind)}])"
         if t.home == T.ARRAY and (t.epoch < 0 or self.epoch >= t.array_epoch):
@@ -121,6 +121,16 @@ class _Emitter:
     # ---- stores ---------------------------------------------------------------------------------
     def stores_of(self, vid: int) -> list[tuple[int, ir.Value]]:
         return [(j, o) for j, o in enumerate(self.outputs) if self.plan.root(o.id) == vid]
+
+    def stored(self, o: ir.Value) -> str:
+        """The expression an output is stored from: a float rounded to the output's half type is
+        stored from the float itself, since the store rounds it the same way (one rounding, not two;
+        kernel.py's `rounded_from` for row kernels)."""
+        op = self.producer.get(self.plan.root(o.id))
+        if (op is not None and op.prim == "convert_element_type" and o.dtype in ("bfloat16", "float16")
+                and op.outputs[0].dtype == o.dtype and CTYPE[op.inputs[0].dtype] == "float"):
+            return self.ref(op.inputs[0])
+        return self.ref(o)
 
     def store(self, w: Writer, j: int, o: ir.Value, expr: str, guard: str = ""):
         w(f"{'if (' + guard + ') ' if guard else ''}out{j}[{_index(self.plan.out_kind(o))}] = "
@@ -225,14 +235,14 @@ def _fold(em: _Emitter, w: Writer, reds, loop_head: str, first: str = "", stores
         body(f"{acc} = {fn}({acc}, ({ct})({em.ref(op.inputs[0])}));")
     for j, o in _indexed(em, stores):
         if width > 1:
-            body(f"js_v{j}[u] = {em.ref(o)};")
+            body(f"js_v{j}[u] = {em.stored(o)};")
         else:
-            em.store(body, j, o, em.ref(o))
+            em.store(body, j, o, em.stored(o))
     if width > 1:
         outer.lines.extend(body.lines)
         outer("}")
         for j, o in _indexed(em, stores):
-            outer(f"js_store<{STYPE[o.dtype]}, {width}>(out{j} + ((row) * TA + a) * TB + b0, js_v{j});")
+            outer(f"js_store<{STYPE[o.dtype]}, {width}>(out{j} + (row) * TILE + i0, js_v{j});")
     w.lines.extend(outer.lines)
     w("}")
 
@@ -260,7 +270,8 @@ def _pairs(em: _Emitter) -> bool:
     (`ld.shared.v2.u16`). DIEN's attention in bfloat16: 73.2 -> 69.5 us (H100, session 31)."""
     plan = em.plan
     return plan.mapping.tile_b % 2 == 0 and any(
-        t.home == T.STASH and t.domain == T.FULL and not t.order and t.value.itemsize == 2 for t in plan.values)
+        t.home == T.STASH and t.domain == T.FULL and not t.order and t.value.itemsize == 2 and not t.wide
+        for t in plan.values)
 
 
 def _along_b(em: _Emitter, w: Writer, step: T.TileStep):
@@ -358,7 +369,8 @@ def _staging(em: _Emitter, pro: Writer, top: Writer, end: Writer):
     for v in stashed:
         t, st, count = plan.of(v), STYPE[v.dtype], v.size // m.n_rows
         src = f"in{em.inputs[v.id]} + (long long)blockIdx.x * {count}"
-        fn = "js_block_copy_async" if t.copy in (T.ASYNC, T.VECTORS) else "js_block_copy"
+        fn = ("js_block_copy_async" if t.copy in (T.ASYNC, T.VECTORS) else
+              "js_block_copy_wide" if t.wide else "js_block_copy")
         pro(f"  {fn}<{st}, {count}, BLOCK>({_stage(t, st, '0')}, {src});")
     pro("}")
     pro("js_stage_commit();")
@@ -381,14 +393,20 @@ def _staging(em: _Emitter, pro: Writer, top: Writer, end: Writer):
             top(f"{st} pf{v.id}[{k}];")
             top(f"for (int k = 0; k < {k}; ++k) if (js_more && tid + k * BLOCK < {count}) "
                 f"pf{v.id}[k] = {src}[js_next * {count} + tid + k * BLOCK];")
+            get = f"js_io<{st}>::get(pf{v.id}[k])" if t.wide else f"pf{v.id}[k]"
             end(f"for (int k = 0; k < {k}; ++k) if (js_more && tid + k * BLOCK < {count}) "
-                f"{nxt}[tid + k * BLOCK] = pf{v.id}[k];")
+                f"{nxt}[tid + k * BLOCK] = {get};")
     top("js_stage_commit();")
-    return [f"const {STYPE[v.dtype]}* sm{v.id} = {_stage(plan.of(v), STYPE[v.dtype], 'js_buf')};" for v in stashed]
+    return [f"const {_held(plan.of(v))}* sm{v.id} = {_stage(plan.of(v), STYPE[v.dtype], 'js_buf')};" for v in stashed]
+
+
+def _held(t: T.TileValue) -> str:
+    """The type a stashed input has in shared memory."""
+    return "float" if t.wide else STYPE[t.value.dtype]
 
 
 def _stage(t: T.TileValue, st: str, buf: str) -> str:
-    return f"reinterpret_cast<{st}*>(js_dyn + {t.offset} + ({buf}) * STAGE)"
+    return f"reinterpret_cast<{_held(t)}*>(js_dyn + {t.offset} + ({buf}) * STAGE)"
 
 
 def render(plan: T.TilePlan):

@@ -50,6 +50,10 @@ STASH, GLOBAL, INLINE, ARRAY, REG = "stash", "global", "inline", "array", "reg"
 # in flight across the tile's loops (109 us; 98 where ptxas happened to spill one and so waited for
 # them at the start) (docs/perf_notes.md, session 31).
 ASYNC, VECTORS, REGS, SYNC = "async", "vectors", "regs", "sync"
+# A half-precision input copied through registers (REGS: a query or an output gradient along b) is
+# stashed as float32, converted once a tile as it is stored rather than at every read: the loops
+# over the whole tile read it once per element (DIEN's attention, bfloat16).
+HALF_FLOATS = ("bfloat16", "float16")
 MAX_REGS_PER_THREAD = 4
 MAX_VECTORS_PER_THREAD = 4
 
@@ -87,6 +91,7 @@ class TileValue:
     partial_offset: int = -1
     iota_axis: str = ""  # for iota values: the tile axis their dimension runs along
     copy: str = ""       # stashed inputs: VECTORS, ASYNC, REGS or SYNC
+    wide: bool = False   # stashed as float32 (a half-precision REGS copy, see HALF_FLOATS)
     order: str = ""      # inputs: the axes in memory order when transposed ("nba"), else ""
 
     @property
@@ -370,8 +375,10 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
             copy = (VECTORS if size % 16 == 0 and size // 16 <= MAX_VECTORS_PER_THREAD * block else
                     ASYNC if size % 16 == 0 else
                     REGS if count <= MAX_REGS_PER_THREAD * block else SYNC)
-            tv[v.id] = TileValue(v, kinds[v.id], STASH, 0, 0, stage, copy=copy, order=_transposed(orders[v.id]))
-            stage += _pad(size)
+            wide = copy == REGS and v.dtype in HALF_FLOATS
+            tv[v.id] = TileValue(v, kinds[v.id], STASH, 0, 0, stage, copy=copy, order=_transposed(orders[v.id]),
+                                 wide=wide)
+            stage += _pad(4 * count if wide else size)
         else:
             tv[v.id] = TileValue(v, kinds[v.id], GLOBAL, 0, order=_transposed(orders[v.id]))
     smem = 2 * stage
