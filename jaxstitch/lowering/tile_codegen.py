@@ -264,23 +264,13 @@ def _store_width(em: _Emitter, step: T.TileStep) -> int:
     return 1
 
 
-def _pairs(em: _Emitter) -> bool:
-    """Whether loops along b take two consecutive b a step: the tile's width is even and a 2-byte
-    input lies in shared memory in tile order, whose two elements the compiler then loads as one
-    (`ld.shared.v2.u16`). DIEN's attention in bfloat16: 73.2 -> 69.5 us (H100, session 31)."""
-    plan = em.plan
-    return plan.mapping.tile_b % 2 == 0 and any(
-        t.home == T.STASH and t.domain == T.FULL and not t.order and t.value.itemsize == 2 and not t.wide
-        for t in plan.values)
-
-
 def _along_b(em: _Emitter, w: Writer, step: T.TileStep):
     """For each a, a group of GROUP lanes reduces over b (shuffles inside the group); a lane takes
-    b two at a time where `_pairs`."""
+    b two at a time where the mapping takes pairs (plan/tile.takes_pairs)."""
     reds = [(op, *_reduce(op)) for op in step.ops]
     with w.block("for (int a0 = 0; a0 < TA; a0 += BLOCK / GROUP) {  // the same trip count in every lane"):
         w("const int a = a0 + tid / GROUP;")
-        if _pairs(em):
+        if em.plan.mapping.pairs:
             _fold(em, w, reds, "if (a < TA) for (int b0 = 2 * (tid % GROUP); b0 < TB; b0 += 2 * GROUP)", width=2)
         else:
             _fold(em, w, reds, "if (a < TA) for (int b = tid % GROUP; b < TB; b += GROUP)")
@@ -296,10 +286,10 @@ def _along_b(em: _Emitter, w: Writer, step: T.TileStep):
 
 def _along_a(em: _Emitter, w: Writer, step: T.TileStep):
     """For each b, SLICES consecutive-thread slices each reduce every SLICES-th a; partials per slice,
-    combined in MAP_B (in slice order). Where `_pairs`, a thread takes two consecutive b, with an
+    combined in MAP_B (in slice order). Where the mapping takes pairs, a thread takes two consecutive b, with an
     accumulator for each."""
     reds = [(op, *_reduce(op)) for op in step.ops]
-    if _pairs(em):
+    if em.plan.mapping.pairs:
         _along_a_pairs(em, w, reds)
         return
     with w.block("for (int t = tid; t < SLICES * TB; t += BLOCK) {"):
@@ -460,7 +450,7 @@ def render(plan: T.TilePlan):
     summary = f"{len(region.ops)} ops, tiles of {m.tile_a}x{m.tile_b}, {plan.description}"
     code = string.Template(template("tile_kernel.cu")).substitute(
         summary=summary, common=template("stitch_common.cuh"), ta=m.tile_a, tb=m.tile_b,
-        block=m.block, group=m.group, slices=T.slices(m.block, m.tile_b), stage=m.stage_bytes, min_blocks=m.min_blocks, name=KERNEL_NAME,
+        block=m.block, group=m.group, slices=m.slices, stage=m.stage_bytes, min_blocks=m.min_blocks, name=KERNEL_NAME,
         params=", ".join(params), arrays=arrays.text(), prologue=pro.text(), loop_top=top.text(),
         body=body.text(), loop_end=end.text())
     return Source(code, KERNEL_NAME, tuple(params))
