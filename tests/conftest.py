@@ -4,6 +4,8 @@
   "needs an NVIDIA GPU", when `jax.devices()` holds no GPU.
 * The CPU backend shows four devices (`--xla_force_host_platform_device_count=4`, set before JAX
   starts), so the sharding tests (test_spmd.py) run their mesh on a CPU-only machine.
+* `--part I/N` runs every N-th selected test from the I-th (after `-m`): the GPU tests outgrew one
+  call of the device runner (10 minutes), so `scripts/gpu_check.sh` can run them in parts.
 * The whole session uses a fresh temporary JAXSTITCH_CACHE_DIR, so tests never read or write the user's
   kernel cache; JAXSTITCH_DISABLE and JAXSTITCH_DUMP_DIR from the caller's environment are cleared (tests
   that want them set them with monkeypatch).
@@ -63,3 +65,29 @@ def _jaxstitch_session_env(tmp_path_factory):
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+def pytest_addoption(parser):
+    parser.addoption("--part", default="", metavar="I/N",
+                     help="run every N-th selected test, from the I-th (1-based)")
+
+
+def _part(spec: str) -> tuple[int, int]:
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--part {spec!r}: expected I/N, e.g. 1/2") from None
+    if not 1 <= i <= n:
+        raise pytest.UsageError(f"--part {spec!r}: I must be from 1 to N")
+    return i, n
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected theirs
+def pytest_collection_modifyitems(config, items):
+    spec = config.getoption("--part")
+    if not spec:
+        return
+    i, n = _part(spec)
+    keep = [it for k, it in enumerate(items) if k % n == i - 1]
+    config.hook.pytest_deselected(items=[it for k, it in enumerate(items) if k % n != i - 1])
+    items[:] = keep
