@@ -286,8 +286,8 @@ def _along_b(em: _Emitter, w: Writer, step: T.TileStep):
 
 def _along_a(em: _Emitter, w: Writer, step: T.TileStep):
     """For each b, SLICES consecutive-thread slices each reduce every SLICES-th a; partials per slice,
-    combined in MAP_B (in slice order). Where the mapping takes pairs, a thread takes two consecutive b, with an
-    accumulator for each."""
+    combined in MAP_B (in slice order). Where the mapping takes pairs, a thread takes two consecutive
+    b, with an accumulator for each."""
     reds = [(op, *_reduce(op)) for op in step.ops]
     if em.plan.mapping.pairs:
         _along_a_pairs(em, w, reds)
