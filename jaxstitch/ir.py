@@ -72,6 +72,7 @@ DTYPE_BYTES = {
     "float8_e4m3fn": 1, "float8_e5m2": 1,
 }
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+HALF_DTYPES = ("bfloat16", "float16")  # computed in float, rounded on store
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16", "int32", "uint32", "bool")
 
 

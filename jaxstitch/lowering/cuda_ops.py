@@ -36,6 +36,16 @@ def _float_fn(name):
     return lambda op, a: f"{name}({a[0]})"
 
 
+def rounded_float(op: ir.Op) -> ir.Atom | None:
+    """The float operand of a conversion that rounds it to a half type, else None: a store of the
+    result to that type may take the operand itself, since the store rounds it the same way (one
+    rounding, not two)."""
+    if (op.prim == "convert_element_type" and op.outputs[0].dtype in ir.HALF_DTYPES
+            and CTYPE[op.inputs[0].dtype] == "float"):
+        return op.inputs[0]
+    return None
+
+
 def _convert(op: ir.Op, a):
     src, dst = op.inputs[0].dtype, op.outputs[0].dtype
     cs, cd = CTYPE[src], CTYPE[dst]

@@ -16,7 +16,7 @@ from .. import ir, ops as opdefs
 from ..plan import KernelPlan
 from ..plan.layout import COL, EPILOGUE, FULL, GATHER, PAIR_HALF, PAIR_SWAP, ROW, SCALAR, row_axes
 from ..plan.views import merged_axes
-from .cuda_ops import CTYPE, SCAN, STYPE, bool_factor, expression, literal, select_product
+from .cuda_ops import CTYPE, SCAN, STYPE, bool_factor, expression, literal, rounded_float, select_product
 
 KERNEL_NAME = "jaxstitch_kernel"
 # The row (or tile) count: the launcher passes it after the buffers (kernels/ffi.py), so the source
@@ -193,9 +193,8 @@ class Kernel:
             expr = f"js_div_by({args[0]}, {args[1]})"
         else:
             expr = self.column_compare(op) or self.predicate_product(op, args) or self.expr(op, args)
-        if (op.prim == "convert_element_type" and out.dtype in ("bfloat16", "float16")
-                and CTYPE[op.inputs[0].dtype] == "float"):
-            self.rounded_from[out.id] = op.inputs[0]
+        if (src := rounded_float(op)) is not None:
+            self.rounded_from[out.id] = src
         if self.is_array(out):
             w(f"{self.ctype(out)} {name}[E];")
             w("#pragma unroll")

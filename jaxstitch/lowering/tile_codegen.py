@@ -17,7 +17,7 @@ import string
 from .. import ir, ops as opdefs
 from ..plan import tile as T
 from ..plan.layout import Unplannable
-from .cuda_ops import CTYPE, REDUCE, STYPE, bool_factor, expression, literal, select_product
+from .cuda_ops import CTYPE, REDUCE, STYPE, bool_factor, expression, literal, rounded_float, select_product
 from .kernel import KERNEL_NAME, ROWS_PARAM, Writer, template
 
 _SIZE = {T.N: "N_ROWS", T.A: "TA", T.B: "TB"}
@@ -123,14 +123,11 @@ class _Emitter:
         return [(j, o) for j, o in enumerate(self.outputs) if self.plan.root(o.id) == vid]
 
     def stored(self, o: ir.Value) -> str:
-        """The expression an output is stored from: a float rounded to the output's half type is
-        stored from the float itself, since the store rounds it the same way (one rounding, not two;
-        kernel.py's `rounded_from` for row kernels)."""
+        """The expression an output is stored from (cuda_ops.rounded_float: a float rounded to the
+        output's half type is stored from the float)."""
         op = self.producer.get(self.plan.root(o.id))
-        if (op is not None and op.prim == "convert_element_type" and o.dtype in ("bfloat16", "float16")
-                and op.outputs[0].dtype == o.dtype and CTYPE[op.inputs[0].dtype] == "float"):
-            return self.ref(op.inputs[0])
-        return self.ref(o)
+        src = rounded_float(op) if op is not None and op.outputs[0].dtype == o.dtype else None
+        return self.ref(o if src is None else src)
 
     def store(self, w: Writer, j: int, o: ir.Value, expr: str, guard: str = ""):
         w(f"{'if (' + guard + ') ' if guard else ''}out{j}[{_index(self.plan.out_kind(o))}] = "

@@ -133,9 +133,6 @@ def _integer_ops(region: Region, layout: Layout) -> int:
                and any(o.dtype in ("int32", "uint32") and layout.of(o).storage == FULL for o in op.outputs))
 
 
-HALF_TYPES = ("bfloat16", "float16")
-
-
 def fast_exp(region: Region) -> bool:
     """Whether the region's exps may use the hardware's ex2.approx(x * log2 e), 2 instructions instead
     of expf's 8, and its erfcs a Chebyshev fit through it (js_erfc_fast, ~1e-6 relative): when every
@@ -143,8 +140,8 @@ def fast_exp(region: Region) -> bool:
     1e-5 over the whole range exp is finite in), is far under the 2^-9 (bfloat16) or 2^-12 (float16)
     the inputs are known to, so no output moves by more than its inputs' rounding makes it
     uncertain. Results below 2^-126 flush to zero."""
-    floats = [v.dtype for v in region.inputs if v.dtype in HALF_TYPES + ("float32",)]
-    return bool(floats) and all(d in HALF_TYPES for d in floats) and any(op.prim in ("exp", "erfc")
+    floats = [v.dtype for v in region.inputs if v.dtype in ir.FLOAT_DTYPES]
+    return bool(floats) and all(d in ir.HALF_DTYPES for d in floats) and any(op.prim in ("exp", "erfc")
                                                                          for op in region.ops)
 
 

@@ -53,7 +53,6 @@ ASYNC, VECTORS, REGS, SYNC = "async", "vectors", "regs", "sync"
 # A half-precision input copied through registers (REGS: a query or an output gradient along b) is
 # stashed as float32, converted once a tile as it is stored rather than at every read: the loops
 # over the whole tile read it once per element (DIEN's attention, bfloat16).
-HALF_FLOATS = ("bfloat16", "float16")
 MAX_REGS_PER_THREAD = 4
 MAX_VECTORS_PER_THREAD = 4
 
@@ -91,7 +90,7 @@ class TileValue:
     partial_offset: int = -1
     iota_axis: str = ""  # for iota values: the tile axis their dimension runs along
     copy: str = ""       # stashed inputs: VECTORS, ASYNC, REGS or SYNC
-    wide: bool = False   # stashed as float32 (a half-precision REGS copy, see HALF_FLOATS)
+    wide: bool = False   # stashed as float32 (a half-precision REGS copy, see REGS)
     order: str = ""      # inputs: the axes in memory order when transposed ("nba"), else ""
 
     @property
@@ -377,7 +376,7 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
             copy = (VECTORS if size % 16 == 0 and size // 16 <= MAX_VECTORS_PER_THREAD * block else
                     ASYNC if size % 16 == 0 else
                     REGS if count <= MAX_REGS_PER_THREAD * block else SYNC)
-            wide = copy == REGS and v.dtype in HALF_FLOATS
+            wide = copy == REGS and v.dtype in ir.HALF_DTYPES
             tv[v.id] = TileValue(v, kinds[v.id], STASH, 0, 0, stage, copy=copy, order=_transposed(orders[v.id]),
                                  wide=wide)
             stage += _pad(4 * count if wide else size)
