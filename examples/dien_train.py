@@ -162,12 +162,8 @@ train_step = train_harness.nnx_train_step(loss)
 
 
 def main():
-    p = train_harness.parser(__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=None, help="sequences per step (default 256)")
-    args = p.parse_args()
-    c = QUICK if args.quick else Config()
-    if args.batch:
-        c = dataclasses.replace(c, batch=args.batch)
+    args = train_harness.parser(__doc__.splitlines()[0]).parse_args()
+    c = train_harness.configured(args, Config(), QUICK)
     train_harness.main("DIEN train step", sys.modules[__name__], args, c)
 
 

@@ -130,7 +130,7 @@ train_step = train_harness.nnx_train_step(loss)
 
 def main():
     args = train_harness.parser(__doc__.splitlines()[0], dtype=True).parse_args()
-    c = dataclasses.replace(QUICK if args.quick else Config(), dtype=args.dtype)
+    c = train_harness.configured(args, Config(), QUICK)
     train_harness.main("GPT decoder train step", sys.modules[__name__], args, c)
 
 

@@ -144,12 +144,22 @@ def main(title: str, example, args: argparse.Namespace, config) -> None:
     sys.exit(0 if ok else 1)
 
 
+def configured(args: argparse.Namespace, default, quick):
+    """The example's config for its command line: `quick` under --quick, else `default`, with the
+    --dtype, --seq and --batch given (attention's memory-bound share grows with the sequence)."""
+    changes = {name: getattr(args, name) for name in ("dtype", "seq", "batch")
+               if getattr(args, name, None) is not None}
+    return dataclasses.replace(quick if args.quick else default, **changes)
+
+
 def parser(description: str, dtype: bool = False) -> argparse.ArgumentParser:
     """The examples' shared options; `dtype` adds --dtype for the activations."""
     p = argparse.ArgumentParser(description=description)
     if dtype:
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                        help="activations (parameters and optimizer state stay float32)")
+    p.add_argument("--seq", type=int, default=None, help="sequence length (default: the example's)")
+    p.add_argument("--batch", type=int, default=None, help="sequences per step (default: the example's)")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--quick", action="store_true", help="a tiny model (CPU smoke run)")
     p.add_argument("--seed", type=int, default=0)

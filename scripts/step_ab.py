@@ -48,7 +48,8 @@ def main():
             times.append((time.perf_counter() - t) * 1e3 / args.steps)
             run[3] = state
     base = statistics.median(runs[0][4])
-    print(f"{args.model} {args.dtype or 'float32'} on {jax.devices()[0].device_kind}: ms per step, "
+    shape = "".join(f" {name} {getattr(args, name)}" for name in ("seq", "batch") if getattr(args, name))
+    print(f"{args.model} {args.dtype or 'float32'}{shape} on {jax.devices()[0].device_kind}: ms per step, "
           f"median of {args.rounds} rounds of {args.steps}")
     for name, *_, times in runs:
         ms = statistics.median(times)
