@@ -71,6 +71,16 @@ GATHER_OPS_PER_SM_US = 7.4e6 / 132
 # elements times integer ops. Ours from the slower of its two, XLA's from the faster of its two.
 OUR_INT_OPS_PER_SM_US = 120 * 16384 * 4096 / 359.6 / 132
 XLA_INT_OPS_PER_SM_US = 120 * 16384 * 4096 / 425.9 / 132
+# XLA runs a region whose row reductions are read back over the row (a layernorm, a softmax) as one
+# Triton kernel (kind=kCustom in its HLO) that holds the row in registers, and its erfc is slow there:
+# it adds its time to the loads' rather than hiding under them. Measured on an H100 (session 35,
+# scripts/transcendental_probe.py, [32768, 2048]): an exact GELU (one erfc an element) before a
+# layernorm took 663 us (float32) and 487 us (bfloat16) where the layernorm alone takes 181 and 94
+# us: 0.78-0.95 ns more an element per SM; ours 193 and 106 us. tanh and exp cost XLA 0.02-0.1 ns an
+# element per SM in the same kernels (fig7_chain, a tanh GELU, a soft-capped softmax), which the
+# 85% of XLA_ONE_PASS_EFFICIENCY about covers; they are not counted. ns an element per SM, the lower
+# of the two measurements.
+XLA_TRITON_SLOW_NS = {"erfc": 0.78}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,12 +122,19 @@ def chunk_passes(layout: Layout, ops, outputs, online=()) -> int:
     return len(levels - {EPILOGUE})
 
 
+def xla_slow_ns(ops, layout: Layout) -> float:
+    """ns an element per SM that XLA's one Triton kernel of the region spends on its slow full-size
+    ops (XLA_TRITON_SLOW_NS), were XLA to run it as one."""
+    return sum(XLA_TRITON_SLOW_NS.get(op.prim, 0.0) for op in ops
+               if op.outputs and layout.of(op.outputs[0]).storage == FULL)
+
+
 def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
              target: Target, rereads: bool = False, busy_sms: int | None = None,
              split_rounds: int = 0, gathered_bytes: int = 0, n_scans: int = 0,
              views_after_reduction: bool = False, gather_compute_ops: int = 0,
              xla_row_levels: int | None = None, passes: int | None = None,
-             integer_ops: int = 0, xla_unfused: int = 0) -> Estimate:
+             integer_ops: int = 0, xla_unfused: int = 0, xla_slow: float = 0.0) -> Estimate:
     """`rereads`: phases after the first read their row inputs again from global memory (L2);
     `busy_sms`: the SMs our grid occupies (fewer than the target has when there are few rows);
     `split_rounds`: rounds of (row, slice) tasks when rows are split over blocks, each crossing a
@@ -136,7 +153,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     full-size integer ops an element (OUR_INT_OPS_PER_SM_US), which bound both sides;
     `xla_unfused`: row reductions XLA runs apart from the ops reading their result back
     (diamonds.unfused_reductions), each a kernel re-reading the row inputs where XLA would otherwise
-    run the region as one kernel."""
+    run the region as one kernel; `xla_slow`: xla_slow_ns of the region's ops, added where XLA runs
+    a row reduction read back over the row as one kernel."""
     bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
     io = [layout.of(v) for v in inputs] + [layout.of(v) for v in outputs]
     must_move = sum(_nbytes(p, layout) for p in io) + gathered_bytes
@@ -159,6 +177,7 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     if xla_row_levels is not None:
         row_levels = max(row_levels, xla_row_levels)
     f32_full = layout.n_rows * layout.n_cols * 4
+    triton_us = 0.0
     if row_levels == 0 and n_grid_reductions == 0:
         xla_kernels, xla_bytes, eff = 1, must_move, OUR_EFFICIENCY
     elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1 and views_after_reduction:
@@ -167,6 +186,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
         xla_kernels, xla_bytes, eff = 1 + xla_unfused, must_move + xla_unfused * full_in, XLA_SPLIT_EFFICIENCY
     elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1:
         xla_kernels, xla_bytes, eff = 1, must_move, XLA_ONE_PASS_EFFICIENCY
+        if row_levels and n_full_out:  # (XLA's Triton kernel: its slow ops' time adds to the loads')
+            triton_us = xla_slow * elems / target.sm_count / 1e3
     else:
         splits = max(0, row_levels - 1)
         xla_kernels = 1 + splits + n_grid_reductions
@@ -178,5 +199,6 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
         xla_kernels += SCAN_XLA_KERNELS * n_scans
         xla_bytes += SCAN_XLA_PASSES * n_scans * f32_full
     xla = max(xla_bytes / (bw * eff), integer_ops * elems / (XLA_INT_OPS_PER_SM_US * target.sm_count))
+    xla += triton_us
     xla += xla_kernels * target.launch_us
     return Estimate(must_move, ours, xla_kernels, xla_bytes, xla)

@@ -268,7 +268,7 @@ def _estimate(kernel: KernelPlan, original: Region, target: Target) -> cost.Esti
                          gather_compute_ops=_computing_ops(region) if full_gathers and not mp.pair else 0,
                          xla_row_levels=kernel.xla_levels,
                          passes=kernel.passes, integer_ops=_integer_ops(region, layout),
-                         xla_unfused=kernel.xla_unfused)
+                         xla_unfused=kernel.xla_unfused, xla_slow=cost.xla_slow_ns(region.ops, layout))
 
 
 def _fewer_passes(region: Region, online, layout: Layout, tuning: mapping_mod.Tuning):
