@@ -151,6 +151,14 @@ def bias_gelu_dropout(x, bias, key, rate=DROPOUT_RATE):
     return jnp.where(keep, h / (1.0 - rate), 0).astype(x.dtype)
 
 
+def gelu_layernorm(x, bias, gamma, beta):
+    """A BERT prediction head's transform after its matrix product: the exact (erfc) GELU, as
+    Hugging Face's BERT has it, then a layernorm. XLA runs it as one Triton kernel whose erfc does
+    not hide under the loads (plan/cost.XLA_TRITON_SLOW_NS)."""
+    h = jax.nn.gelu((x + bias).astype(F32), approximate=False)
+    return layernorm(h, gamma, beta).astype(x.dtype)
+
+
 def bias_gelu_bwd(x, bias, dy):
     """Backward of gelu(x + bias) (exact erf GELU): dx and the bias gradient, a column reduction
     over every row."""
@@ -373,6 +381,11 @@ def _bias_gelu_dropout_inputs(key, dtype, n, h):
     return _normal(kx, (n, h), dtype), _normal(kb, (h,), dtype, 0.1), _raw_key(key)
 
 
+def _gelu_layernorm_inputs(key, dtype, n, h):
+    kx, kb = jax.random.split(key)
+    return (_normal(kx, (n, h), dtype), _normal(kb, (h,), dtype, 0.1)) + _layernorm_inputs(key, dtype, 1, h)[1:]
+
+
 def _bias_gelu_bwd_inputs(key, dtype, n, c):
     kx, kb, kd = jax.random.split(key, 3)
     return _normal(kx, (n, c), dtype), _normal(kb, (c,), dtype, 0.1), _normal(kd, (n, c), dtype)
@@ -450,6 +463,8 @@ _SUITE = (
     _workload("bias_gelu_dropout", bias_gelu_dropout, _bias_gelu_dropout_inputs,
               (16384, 4096), (1024, 1024)),
     _workload("fig7_chain", fig7_chain, _fig7_inputs, (32768, 2048), (1024, 1024)),
+    # BERT-large's head transform over 32 x 512 tokens.
+    _workload("gelu_layernorm", gelu_layernorm, _gelu_layernorm_inputs, (16384, 1024), (2048, 1024)),
     # Irregular shapes (AStitch's thread-mapping cases): a few very long rows, very many short rows,
     # column reductions over many rows with 1k and with 16 columns.
     _workload("softmax_fwdbwd_long", softmax_fwdbwd, partial(_rows_inputs, count=2),

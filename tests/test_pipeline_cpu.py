@@ -40,7 +40,7 @@ S = jax.ShapeDtypeStruct
 # fig7_chain is absent on purpose: XLA runs it as one kernel, so the planner leaves it to XLA;
 # rmsnorm_residual_fwdbwd is stitched at full size only: at the quick shape the estimated gain is below
 # cost.MIN_GAIN (XLA reaches ~65-70% of HBM on it).
-ONE_KERNEL = ("layernorm_fwdbwd", "softmax_fwdbwd", "xent_fwdbwd")
+ONE_KERNEL = ("layernorm_fwdbwd", "softmax_fwdbwd", "xent_fwdbwd", "gelu_layernorm")
 
 # Features of the random graphs that hit known codegen bugs: the codegen property tests leave them out
 # until those are fixed (none today).
