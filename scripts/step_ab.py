@@ -2,9 +2,19 @@
 in turns in one process (wall clock per step, median over rounds): whether a planner change moves a
 whole step, beyond run-to-run noise between processes.
 
-    python3 scripts/step_ab.py --model bert --tune diamonds=0 [--rounds 7 --steps 10]
+    python3 scripts/step_ab.py --model bert --tune diamonds=0 [--rounds 7 --steps 10] [--gpu-time]
+
+Rounds run with the garbage collector off (a full collection, ~0.1 s with JAX and a model loaded,
+would land in one variant's round or another's by chance, as in train_harness.run); each round also
+reports the host's dispatch time a step (the loop's steps handed to the runtime, before waiting):
+where it reaches the step time, the host sets the pace, not the GPU.
+
+`--gpu-time` (GPU machines with torch) also records each round on a CUPTI timeline: the rounds' GPU
+span and busy time a step, which host noise (a slow round by the wall clock) does not move unless the
+GPU waits for the host.
 """
 import argparse
+import gc
 import os
 import statistics
 import sys
@@ -12,6 +22,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "examples")]
+if "--gpu-time" in sys.argv:  # torch's CUPTI profiler, imported before jax (their CUDA context is shared)
+    import device_time
 
 import jax  # noqa: E402
 
@@ -25,6 +37,7 @@ def main():
     p.add_argument("--tune", nargs="*", default=[], help="JAXSTITCH_TUNE specs, one variant each")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=10, help="steps per round")
+    p.add_argument("--gpu-time", action="store_true", help="also the GPU span and busy time a step (CUPTI)")
     args = p.parse_args()
     example, init, batches = load_example(args)
     batch = batches(0)
@@ -37,23 +50,55 @@ def main():
             f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,))
             _, state = f(graphdef, state, batch)
         jax.block_until_ready(state)
-        runs.append([name, f, graphdef, state, []])
+        runs.append([name, f, graphdef, state, [], [], []])
+    gc.collect()
+    gc.disable()
     for _ in range(args.rounds):
         for run in runs:
-            _, f, graphdef, state, times = run
+            _, f, graphdef, state, times, gpu, handed = run
+            holder = [state]
+
+            def steps():
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    _, holder[0] = f(graphdef, holder[0], batch)
+                handed.append((time.perf_counter() - t0) * 1e3 / args.steps)
+                jax.block_until_ready(holder[0])
+
             t = time.perf_counter()
-            for _ in range(args.steps):
-                _, state = f(graphdef, state, batch)
-            jax.block_until_ready(state)
+            if args.gpu_time:
+                gpu.append(gpu_ms(device_time.gpu_events(steps), args.steps))
+            else:
+                steps()
             times.append((time.perf_counter() - t) * 1e3 / args.steps)
-            run[3] = state
+            run[3] = holder[0]
+    gc.enable()
     base = statistics.median(runs[0][4])
     shape = "".join(f" {name} {getattr(args, name)}" for name in ("seq", "batch") if getattr(args, name))
     print(f"{args.model} {args.dtype or 'float32'}{shape} on {jax.devices()[0].device_kind}: ms per step, "
           f"median of {args.rounds} rounds of {args.steps}")
-    for name, *_, times in runs:
+    for name, *_, times, gpu, handed in runs:
         ms = statistics.median(times)
-        print(f"  {name:32s} {ms:8.2f} ms  {base / ms:5.3f}x  (rounds {min(times):.2f}-{max(times):.2f})")
+        print(f"  {name:32s} {ms:8.2f} ms  {base / ms:5.3f}x  (rounds {min(times):.2f}-{max(times):.2f}; "
+              f"dispatch {statistics.median(handed):.2f} ms)")
+    if args.gpu_time:
+        base = statistics.median(s for s, _ in runs[0][5])
+        print("GPU time a step (CUPTI: the round's span and its kernels' busy time, over its steps), median of rounds")
+        for name, *_, gpu, _ in runs:
+            span = statistics.median(s for s, _ in gpu)
+            busy = statistics.median(b for _, b in gpu)
+            print(f"  {name:32s} span {span:8.2f} ms  {base / span:5.3f}x  busy {busy:8.2f} ms  "
+                  f"(spans {min(s for s, _ in gpu):.2f}-{max(s for s, _ in gpu):.2f})")
+
+
+def gpu_ms(events: list[dict], steps: int) -> tuple[float, float]:
+    """(span, busy) in ms a step of one round's GPU events."""
+    if not events:
+        return float("nan"), float("nan")
+    start = min(e["ts"] for e in events)
+    end = max(e["ts"] + e["dur"] for e in events)
+    busy = sum(e["dur"] for e in events if e["cat"] == "kernel")
+    return (end - start) / 1e3 / steps, busy / 1e3 / steps
 
 
 if __name__ == "__main__":
