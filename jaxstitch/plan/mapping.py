@@ -85,7 +85,9 @@ class Tuning:
     a paired mapping (plan/pairs.py); `serpentine`: 0 walks a row's chunks in the same order in every
     pass (see Mapping.serpentine); `scatters`: 0 keeps a scatter-add of one value per row into a fill
     (take_along_axis's gradient: optax's integer-label cross-entropy) a scatter, a region boundary,
-    instead of the select it is (row_scatter.py)."""
+    instead of the select it is (row_scatter.py); `cut_saving_us`: the estimated saving (in µs) a
+    region cut from an unplannable neighbour needs before it is stitched (planner.CUT_MIN_SAVING_US;
+    a large value leaves every such region to XLA, as before session 36)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -109,10 +111,11 @@ class Tuning:
     pairs: int = 1
     serpentine: int = 1
     scatters: int = 1
+    cut_saving_us: int | None = None
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
-              "scan_sums", "pairs", "serpentine", "scatters")
+              "scan_sums", "pairs", "serpentine", "scatters", "cut_saving_us")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
