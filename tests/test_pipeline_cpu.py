@@ -251,6 +251,17 @@ def test_regions_grow_only_while_plannable(monkeypatch):
     assert "a saving under 200 us" in chain.reason, chain.reason
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_a_converted_vector_is_a_column_where_rows_equal_columns(dtype):
+    """At N == C a vector of N elements could be a row or a column value: how the region uses it
+    says which (layout._input_hints). A layernorm's gamma converted to float32 before its broadcast
+    takes the column reading through the convert, so a square exact-GELU layernorm plans as the one
+    region it is at other shapes (it was split into three, the converts apart, before session 36)."""
+    x, v = S((1024, 1024), DTYPES[dtype]), S((1024,), DTYPES[dtype])
+    report = explain(WORKLOADS["gelu_layernorm"].fn, x, v, v, v)
+    assert len(report.regions) == 1 and report.regions[0].stitched, str(report)
+
+
 def test_adamw_is_a_few_remote_kernels():
     """AdamW over BERT-base's 199 parameters: chains that share only a scalar (the bias corrections)
     are regions of their own, which remote stitching launches as a few kernels with one code body

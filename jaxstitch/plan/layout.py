@@ -208,7 +208,8 @@ def _input_hints(region: Region, n: int, c: int) -> dict[int, str]:
 
     Walks the ops backwards: an operand broadcast (explicitly, or by an elementwise op's size-1
     dimensions) into a full-size value is a row if its dimensions land before the row/column split;
-    a value of the same size as a hinted broadcast or reshape result takes that result's hint.
+    a value of the same size as a hinted broadcast, reshape or elementwise result takes that
+    result's hint (a layernorm's gamma, converted to float32, then broadcast).
     """
     hints: dict[int, str] = {}
     for op in reversed(region.ops):
@@ -224,7 +225,7 @@ def _input_hints(region: Region, n: int, c: int) -> dict[int, str]:
                 else:
                     continue
                 hints.setdefault(a.id, ROW if all(d < j for d in dims) else COL)
-        elif opdefs.is_layout(op) and out.id in hints:
+        elif (opdefs.is_layout(op) or op.prim in opdefs.ELEMENTWISE) and out.id in hints:
             for a in operands:
                 if a.size == out.size:
                     hints.setdefault(a.id, hints[out.id])
