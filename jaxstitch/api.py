@@ -131,4 +131,4 @@ def disabled_checks() -> list:
     """What `jax.export.export(..., disabled_checks=...)` needs for a stitched function: our custom
     call is not one of those JAX guarantees compatibility for (it carries all it needs: cubin, kernel,
     launch shape)."""
-    return [jax.export.DisabledSafetyCheck.custom_call(ffi.TARGET)]
+    return [jax.export.DisabledSafetyCheck.custom_call(t) for t in (ffi.TARGET, ffi.TARGET_PLAIN)]

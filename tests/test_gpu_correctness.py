@@ -277,6 +277,20 @@ def test_workload_matches_xla(name, dtype, shape):
     check_workload(name, dtype, shape, forced=False)
 
 
+@pytest.mark.parametrize("name", ["softmax_fwdbwd", "adamw_bert", "dien_attention_fwdbwd", "layernorm_fwdbwd"])
+def test_launches_outside_command_buffers_match_xla(monkeypatch, name):
+    """JAXSTITCH_TUNE=cmd_buffers=0: the same kernels launched through the handler registered
+    without XLA's command-buffer trait (kernels/ffi.py TARGET_PLAIN): a row, a remote, a tile and
+    a grid-barrier kernel (layernorm's dgamma and dbeta beside dx) give jax.jit's results, and the
+    compiled program calls only that target."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", "cmd_buffers=0")
+    shape = tuple(WORKLOADS[name].quick_shape)
+    check_workload(name, "bfloat16", shape, forced=False)
+    args = workload_inputs(name, "bfloat16", shape, 0)
+    text = jaxstitch.jit(WORKLOADS[name].fn).lower(*args).compile().as_text()
+    assert ffi.TARGET_PLAIN in text and f'"{ffi.TARGET}"' not in text, name
+
+
 @pytest.mark.parametrize("name", list(WORKLOADS))
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_workload_forced_stitching_matches_xla(name, dtype):

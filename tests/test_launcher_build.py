@@ -18,9 +18,9 @@ needs_so = pytest.mark.skipif(
 
 
 @needs_so
-def test_extension_exports_both_handlers():
+def test_extension_exports_its_handlers():
     lib = ctypes.cdll.LoadLibrary(SO_PATH)
-    for name in ("JaxstitchLaunchExecute", "JaxstitchLaunchInitialize"):
+    for name in ("JaxstitchLaunchExecute", "JaxstitchLaunchExecutePlain", "JaxstitchLaunchInitialize"):
         assert getattr(lib, name) is not None
 
 
@@ -70,3 +70,18 @@ def test_lowering_for_cuda_from_a_cpu_machine():
     spec = jax.ShapeDtypeStruct((4,), jnp.float32)
     lowered = jax.jit(_fn).trace(spec).lower(lowering_platforms=("cuda",))
     _check_hlo(lowered.as_text())
+
+
+@pytest.mark.parametrize("spec,target", [("", ffi.TARGET), ("cmd_buffers=0", ffi.TARGET_PLAIN)])
+def test_a_program_picks_the_command_buffer_registration(monkeypatch, spec, target):
+    """Our launches go to the handler XLA may trace into its command buffers, or with
+    JAXSTITCH_TUNE=cmd_buffers=0 to the same handler registered without that trait (launched
+    between them): lowered for CUDA from this CPU machine, every launch names the one asked for."""
+    import jaxstitch
+    from jaxstitch import workloads
+    monkeypatch.setenv("JAXSTITCH_TUNE", spec)
+    spec_ = jax.ShapeDtypeStruct((4096, 1024), jnp.float32)
+    f = jaxstitch.jit(workloads.softmax_fwdbwd, target="h100")
+    text = f.trace(spec_, spec_).lower(lowering_platforms=("cuda",)).as_text()
+    calls = re.findall(r"custom_call @(\w+)", text)
+    assert calls and set(calls) == {target}, calls

@@ -26,6 +26,9 @@ import jax
 import numpy as np
 
 TARGET = "jaxstitch_launch"
+# The same handler registered without XLA's command-buffer trait: launched between XLA's CUDA
+# graphs rather than traced into them (launcher.cc; plan/mapping.py Tuning.cmd_buffers).
+TARGET_PLAIN = "jaxstitch_launch_plain"
 
 _lock = threading.Lock()
 _result: tuple[bool, str | None] | None = None
@@ -44,23 +47,33 @@ def _register() -> tuple[bool, str | None]:
                        "install with `pip install --no-build-isolation -e .`")
     try:
         lib = ctypes.cdll.LoadLibrary(path)
-        execute = jax.ffi.pycapsule(lib.JaxstitchLaunchExecute)
+        handlers = {TARGET: lib.JaxstitchLaunchExecute, TARGET_PLAIN: lib.JaxstitchLaunchExecutePlain}
         initialize = jax.ffi.pycapsule(lib.JaxstitchLaunchInitialize)
     except (OSError, AttributeError) as e:
         return False, f"loading {path} failed: {e}"
+    notes = []
+    for target, symbol in handlers.items():
+        ok, note = _register_target(target, jax.ffi.pycapsule(symbol), initialize)
+        if not ok:
+            return False, note
+        notes += [note] if note else []
+    return True, "; ".join(notes) or None
+
+
+def _register_target(target: str, execute, initialize) -> tuple[bool, str | None]:
     # Where the CUDA plugin is already initialized this registers at once.
     # Otherwise jax queues it for the plugin's initialization; on a CPU-only
     # machine that never comes, which is fine: the target exists only on CUDA.
     try:
         jax.ffi.register_ffi_target(
-            TARGET, {"initialize": initialize, "execute": execute}, platform="CUDA")
+            target, {"initialize": initialize, "execute": execute}, platform="CUDA")
         return True, None
     except Exception as dict_error:  # an XLA too old for handler bundles
         try:
-            jax.ffi.register_ffi_target(TARGET, execute, platform="CUDA")
-            return True, f"registered the execute stage only ({dict_error})"
+            jax.ffi.register_ffi_target(target, execute, platform="CUDA")
+            return True, f"{target}: registered the execute stage only ({dict_error})"
         except Exception as e:
-            return False, f"registering {TARGET} failed: {e}"
+            return False, f"registering {target} failed: {e}"
 
 
 def register() -> tuple[bool, str | None]:
@@ -141,7 +154,7 @@ def launch(
     ``input_output_aliases``: argument index -> result index of buffers that are one
     (results written over arguments the kernel has read).
 
-    ``target``: another registration of the same handler (tests). Every attribute
+    ``target``: another registration of the same handler (TARGET_PLAIN). Every attribute
     is always passed: XLA's FFI reports a missing one from inside the handler,
     which once crashed the process.
     """

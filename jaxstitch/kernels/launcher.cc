@@ -480,9 +480,11 @@ auto BindAttrs(B&& binding) {
 // --- Exported handlers -----------------------------------------------------------
 
 // setup.py compiles with -fvisibility=hidden; these declarations export the
-// two symbols that XLA_FFI_DEFINE_HANDLER_SYMBOL defines below.
+// three symbols that XLA_FFI_DEFINE_HANDLER_SYMBOL defines below.
 #define JAXSTITCH_EXPORT __attribute__((visibility("default")))
 extern "C" JAXSTITCH_EXPORT XLA_FFI_Error* JaxstitchLaunchExecute(
+    XLA_FFI_CallFrame* call_frame);
+extern "C" JAXSTITCH_EXPORT XLA_FFI_Error* JaxstitchLaunchExecutePlain(
     XLA_FFI_CallFrame* call_frame);
 extern "C" JAXSTITCH_EXPORT XLA_FFI_Error* JaxstitchLaunchInitialize(
     XLA_FFI_CallFrame* call_frame);
@@ -496,6 +498,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
                   .RemainingArgs()
                   .RemainingRets()),
     {ffi::Traits::kCmdBufferCompatible});
+
+// The same handler without the trait (ffi.py's TARGET_PLAIN): XLA launches
+// such a call between its command buffers instead of tracing it into one.
+// Which costs the host less depends on the program (docs/perf_notes.md,
+// session 36), so a program picks (plan/mapping.py Tuning.cmd_buffers).
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    JaxstitchLaunchExecutePlain, Execute,
+    BindAttrs(ffi::Ffi::Bind()
+                  .Ctx<ffi::PlatformStream<CUstream>>()
+                  .RemainingArgs()
+                  .RemainingRets()));
 
 // Initialize needs no buffers; it binds the stream (to find the CUcontext) and
 // all the attributes (XLA checks their number).

@@ -87,7 +87,11 @@ class Tuning:
     (take_along_axis's gradient: optax's integer-label cross-entropy) a scatter, a region boundary,
     instead of the select it is (row_scatter.py); `cut_saving_us`: the estimated saving (in µs) a
     region cut from an unplannable neighbour needs before it is stitched (planner.CUT_MIN_SAVING_US;
-    a large value leaves every such region to XLA, as before session 36)."""
+    a large value leaves every such region to XLA, as before session 36); `cmd_buffers`: 0 launches
+    our kernels between XLA's command buffers (CUDA graphs) instead of letting XLA trace them into
+    one (kernels/ffi.py TARGET_PLAIN). Which costs the host less depends on the program: BERT's
+    bfloat16 step, bound by the host, measured 1.19x over jax.jit with our calls kept out of XLA's
+    command buffers against 1.08x with them in, DIEN's step the other way (docs/perf_notes.md)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -112,10 +116,12 @@ class Tuning:
     serpentine: int = 1
     scatters: int = 1
     cut_saving_us: int | None = None
+    cmd_buffers: int = 1
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
-              "scan_sums", "pairs", "serpentine", "scatters", "cut_saving_us")
+              "scan_sums", "pairs", "serpentine", "scatters", "cut_saving_us",
+              "cmd_buffers")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
