@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 
 import jaxstitch
 from jaxstitch import config, pipeline
-from jaxstitch.plan import planner
 from jaxstitch.kernels import cache, nvrtc
+from jaxstitch.plan import planner
 from jaxstitch.plan.mapping import Tuning, stash_slot_bytes
 from jaxstitch.report import make_report
 from jaxstitch.workloads import WORKLOADS, layernorm_fwdbwd, softmax_fwdbwd, xent_fwdbwd
