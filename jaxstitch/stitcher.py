@@ -31,12 +31,11 @@ class Context:
     cfg: Config
 
 
-def _launch(c: Compiled, poison: bool, donated: frozenset[int] = frozenset(),
-            command_buffer: bool = True) -> Launch:
+def _launch(c: Compiled, poison: bool, donated: frozenset[int] = frozenset()) -> Launch:
     m = c.plan.kernel.mapping
     launch = Launch(c.key, c.cubin, KERNEL_NAME, m.grid, m.block, m.smem_bytes, m.cooperative,
                     c.plan.kernel.workspace_bytes, poison, rows=getattr(m, "n_rows", None) or 0,
-                    aliases=_aliases(c, poison, donated), command_buffer=command_buffer)
+                    aliases=_aliases(c, poison, donated))
     if c.rows_source is None:
         return launch
     buffer, row_elems = c.rows_source  # (a family's member: rows and grid follow the buffers)
@@ -129,8 +128,7 @@ def make_runner(program: Program, context: Context, donated: frozenset[int] = fr
             r = c.plan.region
             region_eqns = [traced.eqns[op.index] for op in r.ops]
             closed = trace_mod.region_jaxpr(region_eqns, r.inputs, r.outputs, traced.consts)
-            region_fns[rid] = (r, closed, _launch(c, poison, donated_ids, bool(context.cfg.tuning.cmd_buffers)),
-                               c.xla_below)
+            region_fns[rid] = (r, closed, _launch(c, poison, donated_ids), c.xla_below)
 
     eqns = {i: _with_stitched_bodies(traced.eqns[i], program, i, context)
             for (kind, i), _ in schedule if kind == "e"}

@@ -55,14 +55,17 @@ def call_gpu_events(f, args) -> list[dict]:
     return sorted(gpu_events(lambda: jax.block_until_ready(f(*args))), key=lambda e: e["ts"])
 
 
+def span_us(events: list[dict]) -> float:
+    """First event's start to last event's end, in µs (nan without events)."""
+    if not events:
+        return float("nan")
+    return max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
+
+
 def one_call(f, args) -> tuple[float, int]:
     """(span µs, kernels) of one call, the GPU idle before it."""
     ev = call_gpu_events(f, args)
-    if not ev:
-        return float("nan"), 0
-    start = min(e["ts"] for e in ev)
-    end = max(e["ts"] + e["dur"] for e in ev)
-    return end - start, sum(e.get("cat") == "kernel" for e in ev)
+    return span_us(ev), sum(e.get("cat") == "kernel" for e in ev)
 
 
 def main():

@@ -11,7 +11,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "examples")]
-from device_time import GPU_EVENTS, gpu_events  # noqa: E402  (first: torch's CUDA context is the one jax shares)
+from device_time import GPU_EVENTS, gpu_events, span_us  # noqa: E402  (first: torch's CUDA context is the one jax shares)
 
 import jax  # noqa: E402
 
@@ -62,15 +62,13 @@ def main():
         f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,))
         every = profile(f, graphdef, state, batch(0))
         events = [e for e in every if e.get("cat") == "kernel"]
-        start = min(e["ts"] for e in events)
-        end = max(e["ts"] + e["dur"] for e in events)
         busy = sum(e["dur"] for e in events)
         by_name = collections.defaultdict(lambda: [0.0, 0])
         for e in events:
             key = e["name"][:70]
             by_name[key][0] += e["dur"]
             by_name[key][1] += 1
-        print(f"\n{name}: span {end - start:.0f} us, GPU busy {busy:.0f} us, {len(events)} kernels")
+        print(f"\n{name}: span {span_us(events):.0f} us, GPU busy {busy:.0f} us, {len(events)} kernels")
         for key, (dur, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:args.top]:
             print(f"  {dur:9.0f} us {n:5d}x  {key}")
         if args.gaps:

@@ -95,10 +95,8 @@ def gpu_ms(events: list[dict], steps: int) -> tuple[float, float]:
     """(span, busy) in ms a step of one round's GPU events."""
     if not events:
         return float("nan"), float("nan")
-    start = min(e["ts"] for e in events)
-    end = max(e["ts"] + e["dur"] for e in events)
     busy = sum(e["dur"] for e in events if e["cat"] == "kernel")
-    return (end - start) / 1e3 / steps, busy / 1e3 / steps
+    return device_time.span_us(events) / 1e3 / steps, busy / 1e3 / steps
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ class Launch:
     buffers: int = -1           # pointers the kernel takes (-1: all; less: no workspace)
     alternatives: tuple[ffi.Alternative, ...] = ()  # kernels for fewer rows (kernels/ffi.py)
     aliases: tuple[tuple[int, int], ...] = ()  # (argument, result) sharing a buffer: written in place
-    command_buffer: bool = True  # XLA may trace the launch into its command buffers (ffi.TARGET_PLAIN)
 
 
 stitch_p = jcore.Primitive("jaxstitch_stitch")
@@ -73,7 +72,7 @@ def _launch(*args, jaxpr, launch, context):
                          rows_per_block=launch.rows_per_block, splits=launch.splits,
                          buffers=launch.buffers, alternatives=launch.alternatives,
                          input_output_aliases=dict(launch.aliases),
-                         target=ffi.TARGET if launch.command_buffer else ffi.TARGET_PLAIN)
+                         target=ffi.TARGET if context.cfg.tuning.cmd_buffers else ffi.TARGET_PLAIN)
     return list(results)[:len(outs)]
 
 
