@@ -49,24 +49,27 @@ def _is_dynamic(x) -> bool:
 
 
 def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=None, donate_argnums=None,
-        in_shardings=None, out_shardings=None, target=None):
+        in_shardings=None, out_shardings=None, compiler_options=None, target=None):
     """Like `jax.jit`, with the memory-bound regions of `fun` stitched into our own CUDA kernels.
 
     On a machine without a CUDA GPU (and no `target`), this is exactly `jax.jit(fun)`.
     `target` ("h100", "h200", ...) plans for that GPU even elsewhere: handy to exercise the whole
     pipeline on a CPU, where the stitched regions then run through XLA. `in_shardings` and
     `out_shardings` are `jax.jit`'s: over several devices, each runs kernels planned for its shards
-    (spmd/).
+    (spmd/). `compiler_options` are `jax.jit`'s (XLA debug options for this program), e.g.
+    `{"xla_gpu_enable_command_buffer": ""}` to launch its kernels without CUDA graphs.
     """
     if fun is None:
         return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames,
                                  donate_argnums=donate_argnums, in_shardings=in_shardings,
-                                 out_shardings=out_shardings, target=target)
+                                 out_shardings=out_shardings, compiler_options=compiler_options,
+                                 target=target)
     _check_fun(fun, "jaxstitch.jit")
     tgt = _resolve_target(target, "jaxstitch.jit")
     jit_kwargs = dict(static_argnums=static_argnums, static_argnames=static_argnames,
                       donate_argnums=donate_argnums)
-    for name, val in (("in_shardings", in_shardings), ("out_shardings", out_shardings)):
+    for name, val in (("in_shardings", in_shardings), ("out_shardings", out_shardings),
+                      ("compiler_options", compiler_options)):
         if val is not None:  # (jax.jit's own default is a sentinel, so only pass what was given)
             jit_kwargs[name] = val
     cfg = config.load()

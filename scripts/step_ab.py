@@ -7,7 +7,12 @@ whole step, beyond run-to-run noise between processes.
 Rounds run with the garbage collector off (a full collection, ~0.1 s with JAX and a model loaded,
 would land in one variant's round or another's by chance, as in train_harness.run); each round also
 reports the host's dispatch time a step (the loop's steps handed to the runtime, before waiting):
-where it reaches the step time, the host sets the pace, not the GPU.
+where it reaches the step time, the host sets the pace, not the GPU. "alone" is the same for steps
+handed over one at a time, each waited for: the host's time with no step in flight (XLA re-records a
+command buffer whose buffers moved, which steps in flight can cause).
+
+`--no-cmd-buffers` adds jax.jit and jaxstitch.jit compiled with
+`compiler_options={"xla_gpu_enable_command_buffer": ""}`: every kernel launched on its own.
 
 `--gpu-time` (GPU machines with torch) also records each round on a CUPTI timeline: the rounds' GPU
 span and busy time a step, which host noise (a slow round by the wall clock) does not move unless the
@@ -38,24 +43,30 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=10, help="steps per round")
     p.add_argument("--gpu-time", action="store_true", help="also the GPU span and busy time a step (CUPTI)")
+    p.add_argument("--no-cmd-buffers", action="store_true",
+                   help="also jax.jit and jaxstitch.jit compiled without command buffers (CUDA graphs)")
     args = p.parse_args()
     example, init, batches = load_example(args)
     batch = batches(0)
-    variants = [("jax.jit", jax.jit, None), ("jaxstitch.jit", jaxstitch.jit, None)]
-    variants += [(f"jaxstitch.jit {spec}", jaxstitch.jit, spec) for spec in args.tune]
+    variants = [("jax.jit", jax.jit, None, {}), ("jaxstitch.jit", jaxstitch.jit, None, {})]
+    variants += [(f"jaxstitch.jit {spec}", jaxstitch.jit, spec, {}) for spec in args.tune]
+    if args.no_cmd_buffers:
+        off = {"compiler_options": {"xla_gpu_enable_command_buffer": ""}}
+        variants += [("jax.jit no cmd buffers", jax.jit, None, off),
+                     ("jaxstitch.jit no cmd buffers", jaxstitch.jit, None, off)]
     runs = []
-    for name, jit, spec in variants:
+    for name, jit, spec, options in variants:
         graphdef, state = init()
         with bench._tuned(spec):  # (read by jaxstitch.jit; planned and compiled at the first call)
-            f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,))
+            f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,), **options)
             _, state = f(graphdef, state, batch)
         jax.block_until_ready(state)
-        runs.append([name, f, graphdef, state, [], [], []])
+        runs.append([name, f, graphdef, state, [], [], [], []])
     gc.collect()
     gc.disable()
     for _ in range(args.rounds):
         for run in runs:
-            _, f, graphdef, state, times, gpu, handed = run
+            _, f, graphdef, state, times, gpu, handed, _ = run
             holder = [state]
 
             def steps():
@@ -72,19 +83,27 @@ def main():
                 steps()
             times.append((time.perf_counter() - t) * 1e3 / args.steps)
             run[3] = holder[0]
+    for run in runs:  # one step in flight at a time: the host's own time to hand over a step
+        _, f, graphdef, state, *_, alone = run
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            _, state = f(graphdef, state, batch)
+            alone.append((time.perf_counter() - t0) * 1e3)
+            jax.block_until_ready(state)
+        run[3] = state
     gc.enable()
     base = statistics.median(runs[0][4])
     shape = "".join(f" {name} {getattr(args, name)}" for name in ("seq", "batch") if getattr(args, name))
     print(f"{args.model} {args.dtype or 'float32'}{shape} on {jax.devices()[0].device_kind}: ms per step, "
           f"median of {args.rounds} rounds of {args.steps}")
-    for name, *_, times, gpu, handed in runs:
+    for name, *_, times, gpu, handed, alone in runs:
         ms = statistics.median(times)
         print(f"  {name:32s} {ms:8.2f} ms  {base / ms:5.3f}x  (rounds {min(times):.2f}-{max(times):.2f}; "
-              f"dispatch {statistics.median(handed):.2f} ms)")
+              f"dispatch {statistics.median(handed):.2f} ms, alone {statistics.median(alone):.2f} ms)")
     if args.gpu_time:
         base = statistics.median(s for s, _ in runs[0][5])
         print("GPU time a step (CUPTI: the round's span and its kernels' busy time, over its steps), median of rounds")
-        for name, *_, gpu, _ in runs:
+        for name, *_, gpu, _, _ in runs:
             span = statistics.median(s for s, _ in gpu)
             busy = statistics.median(b for _, b in gpu)
             print(f"  {name:32s} span {span:8.2f} ms  {base / span:5.3f}x  busy {busy:8.2f} ms  "

@@ -1008,6 +1008,17 @@ def test_donate_argnums_accepted():
     assert_close(f(X + 0, X), want)
 
 
+def test_compiler_options_reach_xla():
+    """`compiler_options` are jax.jit's, for the whole program: a valid one compiles (command buffers
+    off), and an unknown name is XLA's error, which it would not raise had the options been dropped."""
+    f = lambda x: jax.nn.softmax(jnp.tanh(x), axis=-1)  # noqa: E731
+    off = jaxstitch.jit(f, compiler_options={"xla_gpu_enable_command_buffer": ""}, target=TARGET)
+    assert_close(off(X), jax.jit(f)(X))
+    bad = jaxstitch.jit(f, compiler_options={"xla_no_such_option": True}, target=TARGET)
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        bad(X)
+
+
 def test_decorator_with_and_without_arguments():
     @jaxstitch.jit
     def plain(x):
