@@ -9,7 +9,7 @@ ${common}
 #define BATCH ${batch}
 #define LENGTH ${length}
 
-extern "C" __global__ void __launch_bounds__(BLOCK, 1) ${name}(${params}) {
+extern "C" __global__ void __launch_bounds__(BLOCK, 1) ${name}(${params} JS_ROWS_PARAM) {
   const int tid = threadIdx.x;
   extern __shared__ __align__(16) unsigned char js_dyn[];
   const int row0 = blockIdx.x * ROWS;

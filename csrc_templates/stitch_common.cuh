@@ -3,6 +3,18 @@
 // Storage types: float32 -> float, bfloat16/float16 -> unsigned short (bits), int32 -> int,
 // uint32 -> unsigned, bool -> unsigned char. Half types are computed in float and rounded on store, like XLA with
 // excess precision allowed.
+
+// The row (or tile) count, JS_ROWS_PARAM at the end of a kernel's parameters: by default a parameter
+// after the buffers (one cubin serves every count; the launcher passes it, kernels/ffi.py). Compiled
+// with JS_FIXED_ROWS defined, for XLA's own kernel call, which passes the buffers only
+// (kernels/xla_kernel.py), it is that constant and no parameter.
+#ifdef JS_FIXED_ROWS
+#define JS_ROWS_PARAM
+#define js_n_rows ((long long)(JS_FIXED_ROWS))
+#else
+#define JS_ROWS_PARAM , const long long js_n_rows
+#endif
+
 #define JS_INF __int_as_float(0x7f800000)
 #define JS_NAN __int_as_float(0x7fc00000)
 #define JS_INT_MAX 2147483647

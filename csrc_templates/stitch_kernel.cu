@@ -5,7 +5,7 @@
 // block's task is one SLICE of a row, ROW_C0 its first column, ROW_COLS its length.
 ${common}
 
-#define N_ROWS js_n_rows  // a kernel parameter: one cubin serves every row count
+#define N_ROWS js_n_rows  // (JS_ROWS_PARAM)
 #define N_COLS ${n_cols}
 #define V ${vec}
 #define TPR ${tpr}
@@ -25,7 +25,7 @@ ${common}
 #define JS_VEC_COL(k) (${vec_col})
 ${functions}
 
-extern "C" __global__ void __launch_bounds__(BLOCK, ${min_blocks}) ${name}(${params}) {
+extern "C" __global__ void __launch_bounds__(BLOCK, ${min_blocks}) ${name}(${params} JS_ROWS_PARAM) {
   const int tid = threadIdx.x;
   const int lane = tid % TPR;
   const int row_in_block = tid / TPR;

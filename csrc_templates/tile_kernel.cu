@@ -4,7 +4,7 @@
 // at block barriers; values along one tile axis live in shared arrays.
 ${common}
 
-#define N_ROWS js_n_rows  // a kernel parameter: one cubin serves every tile count
+#define N_ROWS js_n_rows  // (JS_ROWS_PARAM)
 #define TA ${ta}
 #define TB ${tb}
 #define TILE (TA * TB)
@@ -14,7 +14,7 @@ ${common}
 #define SLICES ${slices}
 #define STAGE ${stage}
 
-extern "C" __global__ void __launch_bounds__(BLOCK, ${min_blocks}) ${name}(${params}) {
+extern "C" __global__ void __launch_bounds__(BLOCK, ${min_blocks}) ${name}(${params} JS_ROWS_PARAM) {
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   extern __shared__ __align__(16) unsigned char js_dyn[];
 ${arrays}

@@ -10,7 +10,7 @@ from typing import Any, Callable
 import jax
 
 from . import config, families, report as report_mod, targets
-from .kernels import cache, ffi
+from .kernels import cache, ffi, xla_kernel
 from .stitcher import Context, make_runner
 
 log = logging.getLogger("jaxstitch")
@@ -132,6 +132,6 @@ def explain(fun: Callable, *args: Any, target=None, **kwargs: Any) -> report_mod
 
 def disabled_checks() -> list:
     """What `jax.export.export(..., disabled_checks=...)` needs for a stitched function: our custom
-    call is not one of those JAX guarantees compatibility for (it carries all it needs: cubin, kernel,
-    launch shape)."""
-    return [jax.export.DisabledSafetyCheck.custom_call(t) for t in (ffi.TARGET, ffi.TARGET_PLAIN)]
+    calls are not among those JAX guarantees compatibility for (each carries all it needs: cubin or
+    PTX, kernel, launch shape)."""
+    return [jax.export.DisabledSafetyCheck.custom_call(t) for t in (ffi.TARGET, ffi.TARGET_PLAIN, xla_kernel.TARGET)]

@@ -3,6 +3,8 @@
 - Lowering a region under a mesh of several devices goes through `custom_partitioning`, whose
   lowering needs the device assignment; JAX computes it during lowering only for primitives listed
   in `dispatch.prim_requires_devices_during_lowering` (as jax's own cuDNN attention does).
+- A custom call with a raw backend config string (XLA's own kernel call, kernels/xla_kernel.py):
+  `jax.ffi` builds only calls to FFI handlers, whose backend config is a dictionary.
 """
 from __future__ import annotations
 
@@ -11,3 +13,11 @@ def requires_devices_during_lowering(primitive) -> None:
     from jax._src import dispatch
 
     dispatch.prim_requires_devices_during_lowering.add(primitive)
+
+
+def custom_call(target: str, *, result_types, operands, backend_config: str, operand_layouts, result_layouts):
+    """A StableHLO custom call to `target` with `backend_config` as its raw string."""
+    from jax._src.interpreters import mlir
+
+    return mlir.custom_call(target, result_types=result_types, operands=operands, backend_config=backend_config,
+                            operand_layouts=operand_layouts, result_layouts=result_layouts)

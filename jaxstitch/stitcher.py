@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from . import families, ir, ops as opdefs, trace as trace_mod
 from .config import Config
-from .kernels import ffi
+from .kernels import cache, ffi, nvrtc, xla_kernel
 from .lowering.codegen import KERNEL_NAME
 from .lowering.primitive import Launch, stitch
 from .pipeline import Compiled, Program
@@ -47,6 +47,22 @@ def _launch(c: Compiled, poison: bool, donated: frozenset[int] = frozenset()) ->
     alts = tuple(_alternative(below, v) for below, v in c.variants)
     ws = max([launch.workspace_bytes] + [v.plan.kernel.workspace_bytes for _, v in c.variants])
     return dataclasses.replace(launch, workspace_bytes=ws, alternatives=alts, buffers=_buffers(c))
+
+
+def _as_xla_kernel(c: Compiled, launch: Launch, context: Context) -> Launch:
+    """`launch` as XLA's own kernel call where the tuning asks for it and the kernel allows it
+    (kernels/xla_kernel.py); an NVRTC failure keeps the launcher."""
+    if not context.cfg.tuning.xla_kernels:
+        return launch
+    why = xla_kernel.unsupported(launch, remote=isinstance(c.plan.kernel, RemotePlan))
+    if why is None:
+        try:
+            source = xla_kernel.fixed_rows_source(c.source, launch.rows)
+            return dataclasses.replace(launch, ptx=cache.get_ptx(source, context.target.arch, context.cfg.cache_dir))
+        except nvrtc.CompileError as e:
+            why = f"NVRTC: {str(e).splitlines()[0]}"
+    log.info("region %d keeps the launcher: %s", c.plan.region.id, why)
+    return launch
 
 
 def _aliases(c: Compiled, poison: bool, donated: frozenset[int]) -> tuple[tuple[int, int], ...]:
@@ -128,7 +144,8 @@ def make_runner(program: Program, context: Context, donated: frozenset[int] = fr
             r = c.plan.region
             region_eqns = [traced.eqns[op.index] for op in r.ops]
             closed = trace_mod.region_jaxpr(region_eqns, r.inputs, r.outputs, traced.consts)
-            region_fns[rid] = (r, closed, _launch(c, poison, donated_ids), c.xla_below)
+            launch = _as_xla_kernel(c, _launch(c, poison, donated_ids), context)
+            region_fns[rid] = (r, closed, launch, c.xla_below)
 
     eqns = {i: _with_stitched_bodies(traced.eqns[i], program, i, context)
             for (kind, i), _ in schedule if kind == "e"}

@@ -56,11 +56,14 @@ def main():
                      ("jaxstitch.jit no cmd buffers", jaxstitch.jit, None, off)]
     runs = []
     for name, jit, spec, options in variants:
+        t = time.perf_counter()
         graphdef, state = init()
         with bench._tuned(spec):  # (read by jaxstitch.jit; planned and compiled at the first call)
             f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,), **options)
             _, state = f(graphdef, state, batch)
         jax.block_until_ready(state)
+        print(f"  ({name}: first step, with tracing, planning and compiling, {time.perf_counter() - t:.1f} s)",
+              flush=True)
         runs.append([name, f, graphdef, state, [], [], [], []])
     gc.collect()
     gc.disable()

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import jaxstitch
-from jaxstitch.kernels import ffi
+from jaxstitch.kernels import ffi, xla_kernel
 from jaxstitch.ops import ELEMENTWISE, VIEWS
 from jaxstitch.workloads import WORKLOADS, causal_softmax_bwd
 from hypothesis import event
@@ -265,7 +265,8 @@ def check_workload(name, dtype, shape, forced):
             compare(a, b, f"{what} output {i}")
     report = jaxstitch.explain(fn, *args)
     if report.stitched_kernels:
-        launches = f.lower(*args).as_text().count(ffi.TARGET)
+        text = f.lower(*args).as_text()
+        launches = text.count(ffi.TARGET) + text.count(xla_kernel.TARGET)
         assert launches >= report.stitched_kernels, (
             f"{what}: explain says {report.stitched_kernels} stitched kernels, the HLO launches "
             f"{launches}\n{report}")
@@ -289,6 +290,43 @@ def test_launches_outside_command_buffers_match_xla(monkeypatch, name):
     args = workload_inputs(name, "bfloat16", shape, 0)
     text = jaxstitch.jit(WORKLOADS[name].fn).lower(*args).compile().as_text()
     assert ffi.TARGET_PLAIN in text and f'"{ffi.TARGET}"' not in text, name
+
+
+# (workload, dtype) whose quick shape has a kernel XLA's own call can run (tests/test_xla_kernel.py
+# checks which on the CPU): rows in registers, packed short rows, chunked long rows with a shared
+# stash, a tile kernel, a persistent scan beside a launcher kernel.
+XLA_KERNEL_CASES = [(n, d) for n in ("softmax_fwdbwd", "softmax_fwdbwd_short", "dien_attention_fwdbwd",
+                                     "gelu_layernorm", "attention_softmax_bwd", "dien_gru_fwdbwd")
+                    for d in DTYPES] + [("softmax_fwdbwd_long", "bfloat16")]
+
+
+@pytest.mark.parametrize("name,dtype", XLA_KERNEL_CASES)
+def test_xla_kernel_calls_match_xla(monkeypatch, name, dtype):
+    """JAXSTITCH_TUNE=xla_kernels=1: kernels run as XLA's own kernel call (PTX with the row count
+    fixed, kernels/xla_kernel.py) give jax.jit's results. XLA's call cannot poison its results, so
+    the allocator's free memory is filled with NaN first and ours runs before the reference: an
+    element the kernel never writes reads NaN."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", "xla_kernels=1")
+    monkeypatch.setenv("JAXSTITCH_POISON", "0")
+    fn, shape = WORKLOADS[name].fn, tuple(WORKLOADS[name].quick_shape)
+    seed = (RUN_SEED + zlib.crc32(f"xla_kernels/{name}/{dtype}".encode())) % (1 << 63)
+    args = workload_inputs(name, dtype, shape, seed)
+    what = _msg(f"{name} {dtype} {shape} as XLA kernel calls", seed)
+    f = jaxstitch.jit(fn)
+    compiled = f.lower(*args).compile()
+    assert xla_kernel.TARGET in compiled.as_text(), what
+    out_bytes = sum(o.size * o.dtype.itemsize for o in jax.tree.leaves(jax.eval_shape(fn, *args)))
+    junk = [jnp.full((out_bytes // 4 + 4096,), jnp.nan, jnp.float32) for _ in range(4)]
+    jax.block_until_ready(junk)
+    del junk
+    outs = [jax.block_until_ready(compiled(*args)) for _ in range(RUNS)]
+    _same_bits(outs, what)
+    want = jax.block_until_ready(jax.jit(fn)(*args))
+    rows = _decided_rows(name, args, jax.tree.leaves(outs[0])[0], jax.tree.leaves(want)[0])
+    for i, (a, b) in enumerate(zip(jax.tree.leaves(outs[0]), jax.tree.leaves(want))):
+        if rows is not None:
+            a, b = np.asarray(a)[rows], np.asarray(b)[rows]
+        compare(a, b, f"{what} output {i}")
 
 
 @pytest.mark.parametrize("name", list(WORKLOADS))

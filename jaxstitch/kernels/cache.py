@@ -36,6 +36,7 @@ class _Cache:
         self.memory: dict[str, tuple[bytes, nvrtc.Resources]] = {}
         self.compiles = self.memory_hits = self.disk_hits = 0
         self.nvrtc_seconds = 0.0
+        self.ptx: dict[str, str] = {}
 
 
 _CACHE = _Cache()
@@ -111,6 +112,25 @@ def _load_or_compile_now(key: str, source: str, arch: str, cache_dir: str | None
     return key, cubin, res
 
 
+def get_ptx(source: str, arch: str, cache_dir: str | None) -> str:
+    """PTX of `source` for `arch`'s virtual architecture (kernels/xla_kernel.py), cached like cubins."""
+    key = cache_key(source, arch + ":ptx")
+    with _CACHE.lock:
+        if key in _CACHE.ptx:
+            return _CACHE.ptx[key]
+    path = os.path.join(cache_dir, key[:2], key + ".ptx") if cache_dir else None
+    if path and os.path.exists(path):
+        with open(path) as f:
+            ptx = f.read()
+    else:
+        ptx = nvrtc.compile_ptx(source, arch)
+        if path:
+            _write_atomic(path, ptx.encode())
+    with _CACHE.lock:
+        _CACHE.ptx[key] = ptx
+    return ptx
+
+
 def _write_atomic(path: str, data: bytes):
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -130,3 +150,4 @@ def stats() -> Stats:
 def clear_memory():
     with _CACHE.lock:
         _CACHE.memory.clear()
+        _CACHE.ptx.clear()

@@ -121,6 +121,28 @@ def compile_cubin(source: str, arch: str, name: str = "kernel.cu") -> tuple[byte
         nvrtc.nvrtcDestroyProgram(prog)
 
 
+def compile_ptx(source: str, arch: str, name: str = "kernel.cu") -> str:
+    """PTX of `source` for the virtual architecture of `arch` ("sm_90" -> compute_90): what XLA's own
+    kernel call takes (kernels/xla_kernel.py), which XLA then assembles with its ptxas."""
+    nvrtc = _nvrtc()
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    _check(nvrtc, err, "nvrtcCreateProgram")
+    try:
+        virtual = arch.replace("sm_", "compute_", 1)
+        opts = [f"--gpu-architecture={virtual}".encode()] + [o.encode() for o in OPTIONS]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"NVRTC failed for {virtual}:\n{_log(nvrtc, prog)}")
+        err, size = nvrtc.nvrtcGetPTXSize(prog)
+        _check(nvrtc, err, "nvrtcGetPTXSize")
+        buf = bytearray(size)
+        (err,) = nvrtc.nvrtcGetPTX(prog, buf)
+        _check(nvrtc, err, "nvrtcGetPTX")
+        return bytes(buf).decode().rstrip("\x00")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
 def _log(nvrtc, prog) -> str:
     err, size = nvrtc.nvrtcGetProgramLogSize(prog)
     buf = bytearray(size)

@@ -18,7 +18,7 @@ from ..plan.tile import TilePlan
 from . import reductions, remote_codegen, scan_codegen, tile_codegen
 from .cuda_ops import CTYPE, REDUCE, STYPE
 from .epilogue import render_epilogue
-from .kernel import KERNEL_NAME, ROWS_PARAM, Kernel, Writer, template, vec_col, vec_col_definition  # noqa: F401 - KERNEL_NAME: the stitcher's
+from .kernel import KERNEL_NAME, Kernel, Writer, template, vec_col, vec_col_definition  # noqa: F401 - KERNEL_NAME: the stitcher's
 from .staging import first_row_group, load_chunk, next_row_group, stage_rows
 
 
@@ -172,7 +172,6 @@ def render(plan: KernelPlan | TilePlan | RemotePlan | ScanPlan) -> Source:
     params += [f"{STYPE[v.dtype]}* __restrict__ out{j}" for j, v in enumerate(region.outputs)]
     if m.cooperative:
         params.append("void* __restrict__ ws")
-    params.append(ROWS_PARAM)
 
     pro, body, epi = Writer(1), Writer(2), Writer(1)
     # Prologue: scalars and column values, the same for every row this thread visits.

@@ -19,9 +19,6 @@ from ..plan.views import merged_axes
 from .cuda_ops import CTYPE, SCAN, STYPE, bool_factor, expression, literal, rounded_float, select_product
 
 KERNEL_NAME = "jaxstitch_kernel"
-# The row (or tile) count: the launcher passes it after the buffers (kernels/ffi.py), so the source
-# and its cubin do not depend on it.
-ROWS_PARAM = "const long long js_n_rows"
 
 
 @functools.lru_cache(maxsize=None)

@@ -14,8 +14,8 @@ import jax
 import numpy as np
 from jax.interpreters import mlir
 
-from .. import trace
-from ..kernels import ffi
+from .. import jax_internals, trace
+from ..kernels import ffi, xla_kernel
 from jax.extend import core as jcore
 
 
@@ -40,6 +40,7 @@ class Launch:
     buffers: int = -1           # pointers the kernel takes (-1: all; less: no workspace)
     alternatives: tuple[ffi.Alternative, ...] = ()  # kernels for fewer rows (kernels/ffi.py)
     aliases: tuple[tuple[int, int], ...] = ()  # (argument, result) sharing a buffer: written in place
+    ptx: str | None = dataclasses.field(default=None, repr=False)  # set: XLA's kernel call (kernels/xla_kernel.py)
 
 
 stitch_p = jcore.Primitive("jaxstitch_stitch")
@@ -76,13 +77,26 @@ def _launch(*args, jaxpr, launch, context):
     return list(results)[:len(outs)]
 
 
+def xla_kernel_rule(ctx, *args, jaxpr, launch, context):
+    """The kernel as XLA's own kernel call: XLA passes the buffers, operands then results."""
+    def layout(aval):
+        return tuple(range(len(aval.shape) - 1, -1, -1))  # row-major, as the kernel indexes
+
+    config = xla_kernel.backend_config(launch.ptx, launch.kernel, launch.grid, launch.block, launch.smem)
+    call = jax_internals.custom_call(
+        xla_kernel.TARGET, result_types=[mlir.aval_to_ir_type(ctx.module_context, a) for a in ctx.avals_out],
+        operands=list(args), backend_config=config,
+        operand_layouts=[layout(a) for a in ctx.avals_in], result_layouts=[layout(a) for a in ctx.avals_out])
+    return call.results
+
+
 fallback_rule = mlir.lower_fun(_evaluate, multiple_results=True)
 launch_rule = mlir.lower_fun(_launch, multiple_results=True)
 
 
 # (spmd/lowering.py registers these again, wrapped for programs partitioned over several devices)
 def cuda_rule(ctx, *args, jaxpr, launch, context):
-    rule = fallback_rule if launch is None else launch_rule
+    rule = fallback_rule if launch is None else xla_kernel_rule if launch.ptx else launch_rule
     return rule(ctx, *args, jaxpr=jaxpr, launch=launch, context=context)
 
 

@@ -14,7 +14,7 @@ import string
 from .. import ir, ops as opdefs
 from ..plan import scan as S
 from .cuda_ops import CTYPE, REDUCE, STYPE, expression, literal
-from .kernel import KERNEL_NAME, ROWS_PARAM, Writer, template
+from .kernel import KERNEL_NAME, Writer, template
 
 
 def _strides(shape) -> list[int]:
@@ -256,7 +256,6 @@ def render(plan: S.ScanPlan):
     params += [f"{STYPE[v.dtype]}* __restrict__ out{j}" for j, v in enumerate(region.outputs)]
     if m.cooperative:
         params.append("void* __restrict__ ws")
-    params.append(ROWS_PARAM)
 
     arrays = Writer(1)
     stored = S.stored(dict(plan.kinds), body, plan.in_place)

@@ -18,7 +18,7 @@ from .. import ir, ops as opdefs
 from ..plan import tile as T
 from ..plan.layout import Unplannable
 from .cuda_ops import CTYPE, REDUCE, STYPE, bool_factor, expression, literal, rounded_float, select_product
-from .kernel import KERNEL_NAME, ROWS_PARAM, Writer, template
+from .kernel import KERNEL_NAME, Writer, template
 
 _SIZE = {T.N: "N_ROWS", T.A: "TA", T.B: "TB"}
 SLOTS = 4  # at most this many elements of an axis a lane for slot loops (registers per cached value)
@@ -403,7 +403,6 @@ def render(plan: T.TilePlan):
     region, m = plan.region, plan.mapping
     params = [f"const {STYPE[v.dtype]}* __restrict__ in{i}" for i, v in enumerate(region.inputs)]
     params += [f"{STYPE[v.dtype]}* __restrict__ out{j}" for j, v in enumerate(region.outputs)]
-    params.append(ROWS_PARAM)
     arrays = Writer(1)
     for t in plan.values:
         if t.home == T.ARRAY:

@@ -89,9 +89,11 @@ class Tuning:
     region cut from an unplannable neighbour needs before it is stitched (planner.CUT_MIN_SAVING_US;
     a large value leaves every such region to XLA, as before session 36); `cmd_buffers`: 0 launches
     our kernels between XLA's command buffers (CUDA graphs) instead of letting XLA trace them into
-    one (kernels/ffi.py TARGET_PLAIN). Which costs the host less depends on the program: BERT's
-    bfloat16 step, bound by the host, measured 1.19x over jax.jit with our calls kept out of XLA's
-    command buffers against 1.08x with them in, DIEN's step the other way (docs/perf_notes.md)."""
+    one (kernels/ffi.py TARGET_PLAIN): in one process (session 37) slower for BERT in both dtypes
+    and for GPT, faster within noise for DIEN, so 1 stays the default; `xla_kernels`: 1 hands
+    kernels the launcher is not needed for to XLA's own kernel call as PTX (kernels/xla_kernel.py),
+    which XLA records into its graphs as kernel nodes; 0 (the default until measured on a GPU)
+    launches every kernel through the launcher."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -117,11 +119,12 @@ class Tuning:
     scatters: int = 1
     cut_saving_us: int | None = None
     cmd_buffers: int = 1
+    xla_kernels: int = 0
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
               "scan_sums", "pairs", "serpentine", "scatters", "cut_saving_us",
-              "cmd_buffers")
+              "cmd_buffers", "xla_kernels")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
