@@ -1,6 +1,7 @@
 """CUDA C to cubin with NVRTC. Needs no GPU, so every generated kernel also compiles in CI."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
@@ -102,45 +103,42 @@ def _resources(log: str, cubin: bytes) -> Resources:
     return recorded
 
 
-def compile_cubin(source: str, arch: str, name: str = "kernel.cu") -> tuple[bytes, Resources]:
+@contextlib.contextmanager
+def _compiled(source: str, arch: str, extra: tuple[str, ...], name: str):
+    """(nvrtc, program) of `source` compiled for `--gpu-architecture=arch`, destroyed on exit."""
     nvrtc = _nvrtc()
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     _check(nvrtc, err, "nvrtcCreateProgram")
     try:
-        opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in OPTIONS + ("--ptxas-options=-v",)]
+        opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in OPTIONS + extra]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CompileError(f"NVRTC failed for {arch}:\n{_log(nvrtc, prog)}")
+        yield nvrtc, prog
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def compile_cubin(source: str, arch: str, name: str = "kernel.cu") -> tuple[bytes, Resources]:
+    with _compiled(source, arch, ("--ptxas-options=-v",), name) as (nvrtc, prog):
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         _check(nvrtc, err, "nvrtcGetCUBINSize")
         buf = bytearray(size)
         (err,) = nvrtc.nvrtcGetCUBIN(prog, buf)
         _check(nvrtc, err, "nvrtcGetCUBIN")
         return bytes(buf), _resources(_log(nvrtc, prog), bytes(buf))
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
 
 
 def compile_ptx(source: str, arch: str, name: str = "kernel.cu") -> str:
     """PTX of `source` for the virtual architecture of `arch` ("sm_90" -> compute_90): what XLA's own
     kernel call takes (kernels/xla_kernel.py), which XLA then assembles with its ptxas."""
-    nvrtc = _nvrtc()
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
-    _check(nvrtc, err, "nvrtcCreateProgram")
-    try:
-        virtual = arch.replace("sm_", "compute_", 1)
-        opts = [f"--gpu-architecture={virtual}".encode()] + [o.encode() for o in OPTIONS]
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise CompileError(f"NVRTC failed for {virtual}:\n{_log(nvrtc, prog)}")
+    with _compiled(source, arch.replace("sm_", "compute_", 1), (), name) as (nvrtc, prog):
         err, size = nvrtc.nvrtcGetPTXSize(prog)
         _check(nvrtc, err, "nvrtcGetPTXSize")
         buf = bytearray(size)
         (err,) = nvrtc.nvrtcGetPTX(prog, buf)
         _check(nvrtc, err, "nvrtcGetPTX")
         return bytes(buf).decode().rstrip("\x00")
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
 
 
 def _log(nvrtc, prog) -> str:

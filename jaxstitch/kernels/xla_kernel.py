@@ -10,8 +10,9 @@ What it cannot do, so such launches stay with the launcher (`unsupported` says w
 barrier (no cooperative launch), a row count read at run time (shape families and their
 alternatives), a workspace, the poison testing aid, and the remote kernels' table of pointers.
 XLA passes the buffers only, operands then results, so the kernel is compiled with its row count
-fixed (JS_FIXED_ROWS, csrc_templates/stitch_common.cuh), to PTX: the call takes PTX, which XLA
-assembles itself.
+fixed (JS_FIXED_ROWS, csrc_templates/stitch_common.cuh), to PTX: the call takes PTX (its `cubin`
+kind is parsed but refused by jaxlib 0.11.2's emitter), which the driver then compiles when XLA
+loads it, so the driver must know NVRTC's PTX version (scripts/xla_kernels_check.sh prints both).
 """
 from __future__ import annotations
 
