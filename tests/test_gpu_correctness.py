@@ -247,6 +247,21 @@ def check_workload(name, dtype, shape, forced):
     with jax.default_matmul_precision("float32") if name in FULL_PRECISION else contextlib.nullcontext():
         want = jax.block_until_ready(jax.jit(fn)(*args))
         f, got = run_stitched(fn, args, what)
+    compare_outputs(name, dtype, args, got, want, what)
+    report = jaxstitch.explain(fn, *args)
+    if report.stitched_kernels:
+        text = f.lower(*args).as_text()
+        launches = text.count(ffi.TARGET) + text.count(xla_kernel.TARGET)
+        assert launches >= report.stitched_kernels, (
+            f"{what}: explain says {report.stitched_kernels} stitched kernels, the HLO launches "
+            f"{launches}\n{report}")
+    return report
+
+
+def compare_outputs(name, dtype, args, got, want, what):
+    """A workload's outputs against jax.jit's: the rows its decisions made alike (_decided_rows), and
+    a recurrent one's half-precision outputs against float32 with XLA's own error as slack."""
+    fn = WORKLOADS[name].fn
     lw, lg = jax.tree.leaves(want), jax.tree.leaves(got)
     assert len(lw) == len(lg)
     rows = _decided_rows(name, args, lg[0], lw[0])
@@ -263,14 +278,6 @@ def check_workload(name, dtype, shape, forced):
             if rows is not None:
                 a, b = np.asarray(a)[rows], np.asarray(b)[rows]
             compare(a, b, f"{what} output {i}")
-    report = jaxstitch.explain(fn, *args)
-    if report.stitched_kernels:
-        text = f.lower(*args).as_text()
-        launches = text.count(ffi.TARGET) + text.count(xla_kernel.TARGET)
-        assert launches >= report.stitched_kernels, (
-            f"{what}: explain says {report.stitched_kernels} stitched kernels, the HLO launches "
-            f"{launches}\n{report}")
-    return report
 
 
 @pytest.mark.parametrize("name,dtype,shape", _workload_params())
@@ -312,8 +319,9 @@ def test_xla_kernel_calls_match_xla(monkeypatch, name, dtype):
     seed = (RUN_SEED + zlib.crc32(f"xla_kernels/{name}/{dtype}".encode())) % (1 << 63)
     args = workload_inputs(name, dtype, shape, seed)
     what = _msg(f"{name} {dtype} {shape} as XLA kernel calls", seed)
-    f = jaxstitch.jit(fn)
-    compiled = f.lower(*args).compile()
+    precision = "float32" if name in FULL_PRECISION else None  # (as check_workload's)
+    with jax.default_matmul_precision(precision):
+        compiled = jaxstitch.jit(fn).lower(*args).compile()
     assert xla_kernel.TARGET in compiled.as_text(), what
     out_bytes = sum(o.size * o.dtype.itemsize for o in jax.tree.leaves(jax.eval_shape(fn, *args)))
     junk = [jnp.full((out_bytes // 4 + 4096,), jnp.nan, jnp.float32) for _ in range(4)]
@@ -321,12 +329,9 @@ def test_xla_kernel_calls_match_xla(monkeypatch, name, dtype):
     del junk
     outs = [jax.block_until_ready(compiled(*args)) for _ in range(RUNS)]
     _same_bits(outs, what)
-    want = jax.block_until_ready(jax.jit(fn)(*args))
-    rows = _decided_rows(name, args, jax.tree.leaves(outs[0])[0], jax.tree.leaves(want)[0])
-    for i, (a, b) in enumerate(zip(jax.tree.leaves(outs[0]), jax.tree.leaves(want))):
-        if rows is not None:
-            a, b = np.asarray(a)[rows], np.asarray(b)[rows]
-        compare(a, b, f"{what} output {i}")
+    with jax.default_matmul_precision(precision):
+        want = jax.block_until_ready(jax.jit(fn)(*args))
+    compare_outputs(name, dtype, args, outs[0], want, what)
 
 
 @pytest.mark.parametrize("name", list(WORKLOADS))
