@@ -58,7 +58,8 @@ def _as_xla_kernel(c: Compiled, launch: Launch, context: Context) -> Launch:
     if why is None:
         try:
             source = xla_kernel.fixed_rows_source(c.source, launch.rows)
-            return dataclasses.replace(launch, ptx=cache.get_ptx(source, context.target.arch, context.cfg.cache_dir))
+            ptx = cache.get_ptx(source, context.target.arch, context.cfg.cache_dir)
+            return dataclasses.replace(launch, ptx=xla_kernel.for_driver(ptx, xla_kernel.driver_cuda_version()))
         except nvrtc.CompileError as e:
             why = f"NVRTC: {str(e).splitlines()[0]}"
     log.info("region %d keeps the launcher: %s", c.plan.region.id, why)

@@ -334,6 +334,32 @@ def test_xla_kernel_calls_match_xla(monkeypatch, name, dtype):
     compare_outputs(name, dtype, args, outs[0], want, what)
 
 
+def test_xla_kernel_call_with_one_buffer_twice(monkeypatch):
+    """Two matrix products of the same operands feed one region (softmax forward and backward); XLA's
+    CSE merges them, so its kernel call gets one buffer as two operands. Some XLA versions pass such an argument once
+    (CustomKernelThunk skipping `first_with_same_slice`), which would shift our kernel's pointers;
+    this checks the installed one against jax.jit."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", "xla_kernels=1")
+    monkeypatch.setenv("JAXSTITCH_POISON", "0")
+
+    def fn(x, w):
+        a, b = x @ w, x @ w  # (two dot_generals in the jaxpr: JAX does not merge them)
+        return WORKLOADS["softmax_fwdbwd"].fn(a, b)
+
+    seed = (RUN_SEED + zlib.crc32(b"xla_kernels/one buffer twice")) % (1 << 63)
+    kx, kw = jax.random.split(jax.random.key(seed))
+    x = jax.random.normal(kx, (4096, 256), jnp.float32)
+    w = jax.random.normal(kw, (256, 1024), jnp.float32) / 16
+    what = _msg("one buffer as two operands of XLA's kernel call", seed)
+    with jax.default_matmul_precision("float32"):
+        compiled = jaxstitch.jit(fn).lower(x, w).compile()
+        assert xla_kernel.TARGET in compiled.as_text(), what
+        got = jax.block_until_ready(compiled(x, w))
+        want = jax.block_until_ready(jax.jit(fn)(x, w))
+    for i, (a, b) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True)):
+        compare(np.asarray(a), np.asarray(b), f"{what} output {i}")
+
+
 @pytest.mark.parametrize("name", list(WORKLOADS))
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_workload_forced_stitching_matches_xla(name, dtype):

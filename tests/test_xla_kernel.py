@@ -95,3 +95,15 @@ def test_what_needs_the_launcher():
                            (dict(poison=True), False), (dict(workspace_bytes=64), False),
                            (dict(buffers=3), False), ({}, True)]:
         assert xla_kernel.unsupported(Launch(**{**plain.__dict__, **change}), remote=remote), change
+
+
+def test_the_ptx_version_is_one_the_driver_reads():
+    """NVRTC 13.5 writes PTX 9.5, which a CUDA 13.0 driver refuses: lowered to 9.0 there, kept where
+    the driver is as new, and left alone without a driver (lowering on a CPU)."""
+    ptx = "//\n.version 9.5\n.target sm_90\n.address_size 64\n"
+    assert xla_kernel.for_driver(ptx, (13, 0)) == ptx.replace(".version 9.5", ".version 9.0")
+    assert xla_kernel.for_driver(ptx, (13, 5)) == ptx
+    assert xla_kernel.for_driver(ptx, None) == ptx
+    assert xla_kernel.for_driver(ptx.replace("9.5", "8.4"), (12, 6)) == ptx.replace("9.5", "8.4")
+    assert xla_kernel.for_driver(ptx, (12, 6)) == ptx.replace(".version 9.5", ".version 8.5")
+    assert xla_kernel.readable_isa((12, 8)) == (8, 7) and xla_kernel.readable_isa((13, 2)) == (9, 2)

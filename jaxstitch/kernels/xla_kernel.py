@@ -12,11 +12,55 @@ alternatives), a workspace, the poison testing aid, and the remote kernels' tabl
 XLA passes the buffers only, operands then results, so the kernel is compiled with its row count
 fixed (JS_FIXED_ROWS, csrc_templates/stitch_common.cuh), to PTX: the call takes PTX (its `cubin`
 kind is parsed but refused by jaxlib 0.11.2's emitter), which the driver then compiles when XLA
-loads it, so the driver must know NVRTC's PTX version (scripts/xla_kernels_check.sh prints both).
+loads it, so the driver must read NVRTC's PTX version (`for_driver` lowers it where NVRTC is newer;
+scripts/xla_kernels_check.sh prints both).
+Older XLAs passed a buffer given as two operands once, which would shift the kernel's pointers
+(tests/test_gpu_correctness.py::test_xla_kernel_call_with_one_buffer_twice checks the installed one).
 """
 from __future__ import annotations
 
+import ctypes
+import functools
+import re
+
 TARGET = "__gpu$xla.gpu.ptx"
+# The newest PTX ISA a driver of each CUDA version reads (CUDA 12.x: 8.x, but 12.6 reads 8.5 and
+# 12.8 and 12.9 read 8.7 and 8.8; 13.x: 9.x).
+_PTX_ISA = {(12, 0): (8, 0), (12, 1): (8, 1), (12, 2): (8, 2), (12, 3): (8, 3), (12, 4): (8, 4),
+            (12, 5): (8, 5), (12, 6): (8, 5), (12, 8): (8, 7), (12, 9): (8, 8)}
+
+
+@functools.lru_cache(maxsize=1)
+def driver_cuda_version() -> tuple[int, int] | None:
+    """The CUDA version of the installed driver (cuDriverGetVersion), or None without one."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    v = ctypes.c_int(0)
+    if lib.cuDriverGetVersion(ctypes.byref(v)) != 0 or v.value <= 0:
+        return None
+    return v.value // 1000, v.value % 1000 // 10
+
+
+def readable_isa(cuda: tuple[int, int]) -> tuple[int, int]:
+    if cuda in _PTX_ISA:
+        return _PTX_ISA[cuda]
+    return (9, cuda[1]) if cuda[0] == 13 else (cuda[0] - 4, cuda[1])
+
+
+def for_driver(ptx: str, cuda: tuple[int, int] | None) -> str:
+    """`ptx` with its `.version` lowered to what a driver of CUDA version `cuda` reads, where NVRTC
+    wrote a newer one (NVRTC 13.5 writes 9.5; a CUDA 13.0 driver reads up to 9.0, and refuses a newer
+    version outright). Right as long as no instruction needs the newer ISA; the driver says so when
+    it loads the PTX (XLA's executable then fails to load: a loud error, not a wrong result)."""
+    m = re.search(r"^\.version (\d+)\.(\d+)$", ptx, re.M)
+    if cuda is None or m is None:
+        return ptx
+    have, can = (int(m.group(1)), int(m.group(2))), readable_isa(cuda)
+    if have <= can:
+        return ptx
+    return ptx[:m.start()] + f".version {can[0]}.{can[1]}" + ptx[m.end():]
 
 
 def fixed_rows_source(source: str, rows: int) -> str:
