@@ -44,6 +44,7 @@ def driver_cuda_version() -> tuple[int, int] | None:
 
 
 def readable_isa(cuda: tuple[int, int]) -> tuple[int, int]:
+    """The newest PTX ISA version a driver of CUDA version `cuda` reads."""
     if cuda in _PTX_ISA:
         return _PTX_ISA[cuda]
     return (9, cuda[1]) if cuda[0] == 13 else (cuda[0] - 4, cuda[1])
