@@ -19,11 +19,13 @@ span and busy time a step, which host noise (a slow round by the wall clock) doe
 GPU waits for the host.
 """
 import argparse
+import dataclasses
 import gc
 import os
 import statistics
 import sys
 import time
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "examples")]
@@ -64,53 +66,61 @@ def main():
         jax.block_until_ready(state)
         print(f"  ({name}: first step, with tracing, planning and compiling, {time.perf_counter() - t:.1f} s)",
               flush=True)
-        runs.append([name, f, graphdef, state, [], [], [], []])
+        runs.append(Run(name, f, graphdef, state))
     gc.collect()
     gc.disable()
     for _ in range(args.rounds):
         for run in runs:
-            _, f, graphdef, state, times, gpu, handed, _ = run
-            holder = [state]
-
-            def steps():
+            def steps(run=run):
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
-                    _, holder[0] = f(graphdef, holder[0], batch)
-                handed.append((time.perf_counter() - t0) * 1e3 / args.steps)
-                jax.block_until_ready(holder[0])
+                    _, run.state = run.f(run.graphdef, run.state, batch)
+                run.handed.append((time.perf_counter() - t0) * 1e3 / args.steps)
+                jax.block_until_ready(run.state)
 
             t = time.perf_counter()
             if args.gpu_time:
-                gpu.append(gpu_ms(device_time.gpu_events(steps), args.steps))
+                run.gpu.append(gpu_ms(device_time.gpu_events(steps), args.steps))
             else:
                 steps()
-            times.append((time.perf_counter() - t) * 1e3 / args.steps)
-            run[3] = holder[0]
+            run.times.append((time.perf_counter() - t) * 1e3 / args.steps)
     for run in runs:  # one step in flight at a time: the host's own time to hand over a step
-        _, f, graphdef, state, *_, alone = run
         for _ in range(args.steps):
             t0 = time.perf_counter()
-            _, state = f(graphdef, state, batch)
-            alone.append((time.perf_counter() - t0) * 1e3)
-            jax.block_until_ready(state)
-        run[3] = state
+            _, run.state = run.f(run.graphdef, run.state, batch)
+            run.alone.append((time.perf_counter() - t0) * 1e3)
+            jax.block_until_ready(run.state)
     gc.enable()
-    base = statistics.median(runs[0][4])
+    base = statistics.median(runs[0].times)
     shape = "".join(f" {name} {getattr(args, name)}" for name in ("seq", "batch") if getattr(args, name))
     print(f"{args.model} {args.dtype or 'float32'}{shape} on {jax.devices()[0].device_kind}: ms per step, "
           f"median of {args.rounds} rounds of {args.steps}")
-    for name, *_, times, gpu, handed, alone in runs:
-        ms = statistics.median(times)
-        print(f"  {name:32s} {ms:8.2f} ms  {base / ms:5.3f}x  (rounds {min(times):.2f}-{max(times):.2f}; "
-              f"dispatch {statistics.median(handed):.2f} ms, alone {statistics.median(alone):.2f} ms)")
+    for run in runs:
+        ms = statistics.median(run.times)
+        print(f"  {run.name:32s} {ms:8.2f} ms  {base / ms:5.3f}x  (rounds {min(run.times):.2f}-{max(run.times):.2f}; "
+              f"dispatch {statistics.median(run.handed):.2f} ms, alone {statistics.median(run.alone):.2f} ms)")
     if args.gpu_time:
-        base = statistics.median(s for s, _ in runs[0][5])
+        base = statistics.median(s for s, _ in runs[0].gpu)
         print("GPU time a step (CUPTI: the round's span and its kernels' busy time, over its steps), median of rounds")
-        for name, *_, gpu, _, _ in runs:
-            span = statistics.median(s for s, _ in gpu)
-            busy = statistics.median(b for _, b in gpu)
-            print(f"  {name:32s} span {span:8.2f} ms  {base / span:5.3f}x  busy {busy:8.2f} ms  "
-                  f"(spans {min(s for s, _ in gpu):.2f}-{max(s for s, _ in gpu):.2f})")
+        for run in runs:
+            spans = [s for s, _ in run.gpu]
+            span, busy = statistics.median(spans), statistics.median(b for _, b in run.gpu)
+            print(f"  {run.name:32s} span {span:8.2f} ms  {base / span:5.3f}x  busy {busy:8.2f} ms  "
+                  f"(spans {min(spans):.2f}-{max(spans):.2f})")
+
+
+@dataclasses.dataclass
+class Run:
+    """One variant: its jitted step, its state (donated each step), and what its rounds measured."""
+
+    name: str
+    f: Any
+    graphdef: Any
+    state: Any
+    times: list = dataclasses.field(default_factory=list)   # ms a step, a round each (wall clock)
+    gpu: list = dataclasses.field(default_factory=list)     # (span, busy) ms a step, a round each (CUPTI)
+    handed: list = dataclasses.field(default_factory=list)  # dispatch ms a step, a round each
+    alone: list = dataclasses.field(default_factory=list)   # ms to hand over one step, nothing in flight
 
 
 def gpu_ms(events: list[dict], steps: int) -> tuple[float, float]:
