@@ -88,7 +88,7 @@ def _load_or_compile(key: str, source: str, arch: str, cache_dir: str | None) ->
 
 
 def _load_or_compile_now(key: str, source: str, arch: str, cache_dir: str | None):
-    path = os.path.join(cache_dir, key[:2], key) if cache_dir else None
+    path = _entry(cache_dir, key)
     if path and os.path.exists(path + ".cubin") and os.path.exists(path + ".json"):
         with open(path + ".cubin", "rb") as f:
             cubin = f.read()
@@ -118,17 +118,22 @@ def get_ptx(source: str, arch: str, cache_dir: str | None) -> str:
     with _CACHE.lock:
         if key in _CACHE.ptx:
             return _CACHE.ptx[key]
-    path = os.path.join(cache_dir, key[:2], key + ".ptx") if cache_dir else None
-    if path and os.path.exists(path):
-        with open(path) as f:
+    path = _entry(cache_dir, key)
+    if path and os.path.exists(path + ".ptx"):
+        with open(path + ".ptx") as f:
             ptx = f.read()
     else:
         ptx = nvrtc.compile_ptx(source, arch)
         if path:
-            _write_atomic(path, ptx.encode())
+            _write_atomic(path + ".ptx", ptx.encode())
     with _CACHE.lock:
         _CACHE.ptx[key] = ptx
     return ptx
+
+
+def _entry(cache_dir: str | None, key: str) -> str | None:
+    """Where a key's files live on disk (suffixes added by kind), or None without a cache directory."""
+    return os.path.join(cache_dir, key[:2], key) if cache_dir else None
 
 
 def _write_atomic(path: str, data: bytes):
