@@ -1,6 +1,8 @@
 """Where a train step's GPU time goes, jax.jit against jaxstitch.jit, from a CUPTI timeline (torch's
-profiler, on the GPU machines only): per compiler, the step's span, the GPU's busy time, and the
-kernels that take the most time, grouped by name.
+profiler, on the GPU machines only): per compiler, the step's span, the GPU's busy time split into
+matrix products, our kernels and XLA's other kernels, and the kernels that take the most time,
+grouped by name. For jaxstitch.jit also the busy time its partition would give with every stitched
+kernel at the HBM roofline: the ceiling of the step's speedup while the regions stay as they are.
 
     python3 scripts/profile_step.py [--model bert|gpt|dien] [--dtype bfloat16] [--top 15]
 """
@@ -16,6 +18,7 @@ from device_time import GPU_EVENTS, gpu_events, span_us  # noqa: E402  (first: t
 import jax  # noqa: E402
 
 import jaxstitch  # noqa: E402
+from jaxstitch.bench import measure_bandwidth  # noqa: E402
 from example_models import load_example, model_arguments  # noqa: E402
 
 
@@ -51,12 +54,39 @@ def print_gaps(gpu, host, top):
         print(f"  {dur:9.0f} us {n:5d}x  {name}")
 
 
+GEMM_MARKS = ("nvjet", "gemm", "cutlass", "xmma", "cublas", "_nn_", "_nt_", "_tn_", "_tt_")
+
+
+def kind_of(kernel):
+    """Which of the step's three parts a kernel belongs to: the matrix products (cuBLAS, cuBLASLt's
+    nvjet, XLA's Triton gemm fusions), our stitched kernels, or XLA's other (memory-bound) kernels."""
+    if "jaxstitch" in kernel:
+        return "ours"
+    return "matrix products" if any(m in kernel for m in GEMM_MARKS) else "XLA other"
+
+
+def roofline_bound(report, parts: dict, jit_busy_us: float, bandwidth: float) -> str:
+    """What the step's GPU busy time would be if every stitched kernel moved only its must-move bytes
+    at the copy bandwidth and nothing else changed: the most this partition can give, against which
+    a speedup asked of the whole step (issue 4) can be read. Regions inside loop bodies run more
+    than once, so with any of them stitched there is no single-call bound to give."""
+    stitched = [r for r in report.regions if r.stitched]
+    if any(r.where for r in stitched):
+        return "  (bound not given: stitched regions inside loop bodies run once an iteration)"
+    ideal = sum(r.est_bytes or 0 for r in stitched) / bandwidth * 1e6
+    rest = sum(d for k, (d, _) in parts.items() if k != "ours")
+    return (f"  at the roofline ({len(stitched)} stitched regions' must-move bytes at "
+            f"{bandwidth / 1e9:.0f} GB/s): ours {ideal:.0f} us instead of {parts['ours'][0]:.0f}; "
+            f"busy {rest + ideal:.0f} us, {jit_busy_us / (rest + ideal):.3f}x over jax.jit's busy time")
+
+
 def main():
     p = model_arguments(argparse.ArgumentParser())
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--gaps", action="store_true", help="also where the GPU idles, and the host's CUDA calls")
     args = p.parse_args()
     example, init, batch = load_example(args)
+    busy_of = {}
     for name, jit in (("jax.jit", jax.jit), ("jaxstitch.jit", jaxstitch.jit)):
         graphdef, state = init()
         f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,))
@@ -69,6 +99,16 @@ def main():
             by_name[key][0] += e["dur"]
             by_name[key][1] += 1
         print(f"\n{name}: span {span_us(events):.0f} us, GPU busy {busy:.0f} us, {len(events)} kernels")
+        parts = collections.defaultdict(lambda: [0.0, 0])
+        for e in events:
+            parts[kind_of(e["name"])][0] += e["dur"]
+            parts[kind_of(e["name"])][1] += 1
+        print("  " + ", ".join(f"{k} {d:.0f} us in {n}" for k, (d, n) in sorted(parts.items())))
+        busy_of[name] = busy
+        if "ours" in parts:
+            graphdef, state = init()
+            report = jaxstitch.explain(example.train_step, graphdef, state, batch(0))
+            print(roofline_bound(report, parts, busy_of["jax.jit"], measure_bandwidth(False, 10)))
         for key, (dur, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:args.top]:
             print(f"  {dur:9.0f} us {n:5d}x  {key}")
         if args.gaps:
