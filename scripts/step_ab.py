@@ -94,7 +94,9 @@ def main():
     base = statistics.median(runs[0].times)
     shape = "".join(f" {name} {getattr(args, name)}" for name in ("seq", "batch") if getattr(args, name))
     print(f"{args.model} {args.dtype or 'float32'}{shape} on {jax.devices()[0].device_kind}: ms per step, "
-          f"median of {args.rounds} rounds of {args.steps}")
+          f"median of {args.rounds} rounds of {args.steps}"
+          + (" (under the CUPTI profiler, which slows the host: compare only with --gpu-time runs)"
+             if args.gpu_time else ""))
     for run in runs:
         ms = statistics.median(run.times)
         print(f"  {run.name:32s} {ms:8.2f} ms  {base / ms:5.3f}x  (rounds {min(run.times):.2f}-{max(run.times):.2f}; "
