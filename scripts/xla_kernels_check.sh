@@ -14,9 +14,9 @@ if ! "$PY" -c "import flatbuffers" 2>/dev/null && ls .whl/flatbuffers-*.whl >/de
   "$PY" -m pip install -q --no-index --no-deps .whl/flatbuffers-*.whl >/dev/null 2>&1
 fi
 # The driver loads the call's PTX (JIT): PTX newer than the driver's CUDA version fails to load.
-"$PY" -c "from jaxstitch.kernels import nvrtc; import cupy
+"$PY" -c "from jaxstitch.kernels import nvrtc, xla_kernel
 print('NVRTC', nvrtc.version(), 'PTX', nvrtc.compile_ptx('extern \"C\" __global__ void k(){}', 'sm_90').split('.version ')[1].split()[0],
-      'driver CUDA', cupy.cuda.runtime.driverGetVersion())"
+      'driver CUDA', xla_kernel.driver_cuda_version())"
 echo "== GPU tests of XLA's kernel call"
 timeout 200 "$PY" -m pytest -q -m gpu tests/test_gpu_correctness.py -k xla_kernel --timeout=150 2>&1 | tail -6
 echo "== $MODEL $DTYPE step, with and without (wall clock, one process)"
