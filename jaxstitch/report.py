@@ -84,7 +84,7 @@ class Report:
             for alt in r.alternatives:
                 lines.append(f"  region {r.name} tried {alt}")
         if self.rewritten:
-            lines.append("written out as elementwise ops: " + ", ".join(
+            lines.append("written out as other ops: " + ", ".join(
                 f"{n} {p} ({_WRITTEN_OUT.get(p, '')})" if p in _WRITTEN_OUT else f"{n} {p}" for p, n in self.rewritten))
         if self.xla_ops:
             lines.append("left to XLA: " + "; ".join(f"{p} ({why})" for p, why in self.xla_ops))
@@ -95,7 +95,9 @@ class Report:
 
 
 _WRITTEN_OUT = {"random_bits": "threefry's integer ops: prng.py",
-                "scatter-add": "into a fill, one value a row or one window, as a select: row_scatter.py"}
+                "scatter-add": "into a fill, one value a row or one window, as a select: row_scatter.py",
+                "scatter-add in float32": "half precision into a fill, added in float32, rounded once: "
+                                          "wide_scatter.py"}
 
 
 def make_report(program: Program, cache: Stats | None = None, symbolic: bool = False,

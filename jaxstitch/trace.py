@@ -2,9 +2,10 @@
 
 This is the one module that walks jaxprs. It inlines `pjit`/`closed_call`/`custom_jvp_call`/
 `custom_vjp_call`/`checkpoint` bodies (jax.nn wraps its functions in them) so regions can span them,
-and writes a threefry `random_bits` out as its integer ops (prng.py: dropout's bits) and a
-scatter-add of one value per row into a fill as a select (row_scatter.py); everything else is kept
-as an opaque equation that `rebuild` binds again unchanged.
+and writes a threefry `random_bits` out as its integer ops (prng.py: dropout's bits), a
+scatter-add of one value per row into a fill as a select (row_scatter.py) and other half-precision
+scatter-adds into fills as float32 ones (wide_scatter.py); everything else is kept as an opaque
+equation that `rebuild` binds again unchanged.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from . import ir, prng, row_scatter
+from . import ir, prng, row_scatter, wide_scatter
 
 _INLINED = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
             "custom_vjp_call_jaxpr", "checkpoint", "remat")
@@ -40,8 +41,8 @@ class Traced:
     eqns: tuple[Eqn, ...]
     consts: dict  # value id -> array captured by the jaxpr
     out_tree: Any
-    # Equations written out as the elementwise ops they are, by primitive: (name, count) pairs
-    # (prng.py's random_bits, row_scatter.py's scatter-adds), for the report.
+    # Equations written out as other ops, by kind: (name, count) pairs (prng.py's random_bits,
+    # row_scatter.py's scatter-adds, wide_scatter.py's "scatter-add in float32"), for the report.
     rewritten: tuple[tuple[str, int], ...] = ()
 
 
@@ -88,30 +89,38 @@ def _inner_jaxpr(eqn):
     return None
 
 
-def _expansion(eqn, operand_is_fill: bool, scatters: bool):
-    """A threefry `random_bits` as its elementwise ops (prng.py), a scatter-add of one value per row
-    into a fill (`operand_is_fill`: its first operand a broadcast scalar) as a select
-    (row_scatter.py; unless not `scatters`), else None."""
+def _expansion(eqn, operand_is_fill: bool, scatters: bool, wide_scatters: bool):
+    """(kind, jaxpr, consts) to write `eqn` out as, else None: a threefry `random_bits` as its
+    elementwise ops (prng.py), a scatter-add of one value per row into a fill (`operand_is_fill`: its
+    first operand a broadcast scalar) as a select (row_scatter.py; unless not `scatters`), another
+    half-precision scatter-add into a fill in float32 (wide_scatter.py; unless not `wide_scatters`)."""
     if scatters and row_scatter.expandable(eqn, operand_is_fill):
         closed = row_scatter.expand(eqn)
-        return closed.jaxpr, closed.consts
+        return eqn.primitive.name, closed.jaxpr, closed.consts
+    if wide_scatters and wide_scatter.expandable(eqn, operand_is_fill):
+        closed = wide_scatter.expand(eqn)
+        return WIDENED, closed.jaxpr, closed.consts
     if eqn.primitive.name != "random_bits":
         return None
     key_aval, (shape, width) = eqn.invars[0].aval, (eqn.params["shape"], eqn.params["bit_width"])
     if not prng.expandable(key_aval, width, shape):
         return None
     closed = prng.expand(key_aval, shape)
-    return None if closed is None else (closed.jaxpr, closed.consts)
+    return None if closed is None else (eqn.primitive.name, closed.jaxpr, closed.consts)
+
+
+WIDENED = "scatter-add in float32"  # the report's name for wide_scatter.py's rewrites
 
 
 class _Flattener:
-    def __init__(self, scatters: bool = True):
+    def __init__(self, scatters: bool = True, wide_scatters: bool = True):
         self.scatters = scatters  # write scatters into fills out as selects (row_scatter.py)
+        self.wide_scatters = wide_scatters  # half-precision ones in float32 (wide_scatter.py)
         self.ids = itertools.count()
         self.eqns: list[Eqn] = []
         self.consts: dict[int, Any] = {}
         self.producer: dict[int, Eqn] = {}  # value id -> the equation that made it
-        self.rewritten: dict[str, int] = {}  # primitive -> equations written out (_expansion)
+        self.rewritten: dict[str, int] = {}  # kind -> equations written out (_expansion)
 
     def is_fill(self, a: ir.Atom) -> bool:
         """Whether `a` is a scalar broadcast to an array (a broadcast_in_dim of a literal)."""
@@ -144,12 +153,14 @@ class _Flattener:
             env[var] = a
         for eqn in jaxpr.eqns:
             ins = [self.atom(env, x) for x in eqn.invars]
-            inner = (_inner_jaxpr(eqn) if eqn.primitive.name in _INLINED
-                     else _expansion(eqn, bool(ins) and self.is_fill(ins[0]), self.scatters))
+            if eqn.primitive.name in _INLINED:
+                inner = _inner_jaxpr(eqn)
+            else:
+                written = _expansion(eqn, bool(ins) and self.is_fill(ins[0]), self.scatters, self.wide_scatters)
+                inner = written and written[1:]
+                if written:
+                    self.rewritten[written[0]] = self.rewritten.get(written[0], 0) + 1
             if inner is not None:
-                if eqn.primitive.name not in _INLINED:
-                    name = eqn.primitive.name
-                    self.rewritten[name] = self.rewritten.get(name, 0) + 1
                 outs = self.run(inner[0], inner[1], ins)
                 for var, o in zip(eqn.outvars, outs):
                     env[var] = o
@@ -164,11 +175,12 @@ class _Flattener:
 
 
 def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None = None,
-          scatters: bool = True) -> Traced:
+          scatters: bool = True, wide_scatters: bool = True) -> Traced:
     """Trace `fun(*args, **kwargs)` given the dynamic leaves of `(args, kwargs)` (arrays, tracers or
     ShapeDtypeStructs); `static` maps the positions of the other leaves to their Python values.
     `scatters`: write a scatter-add of one value per row into a fill out as a select (row_scatter.py;
-    JAXSTITCH_TUNE's scatters=0 keeps it a scatter)."""
+    JAXSTITCH_TUNE's scatters=0 keeps it a scatter); `wide_scatters`: a half-precision scatter-add
+    into a fill in float32 (wide_scatter.py; wide_scatters=0 keeps XLA's)."""
     out_tree_box = []
     static = static or {}
     n_leaves = len(flat_args) + len(static)
@@ -183,7 +195,7 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
         return leaves
 
     closed = jax.make_jaxpr(flat_fun)(*flat_args)
-    graph, eqns, consts, rewritten = _flatten(closed, scatters)
+    graph, eqns, consts, rewritten = _flatten(closed, scatters, wide_scatters)
     return Traced(graph, eqns, consts, out_tree_box[0], rewritten)
 
 
@@ -237,10 +249,10 @@ def positional_tree(args: Sequence[Any]):
     return jax.tree_util.tree_structure((tuple(args), {}))
 
 
-def _flatten(closed, scatters: bool = True) -> tuple[ir.Graph, tuple[Eqn, ...], dict, tuple]:
+def _flatten(closed, scatters: bool = True, wide_scatters: bool = True) -> tuple[ir.Graph, tuple[Eqn, ...], dict, tuple]:
     """A closed jaxpr as a graph over fresh values, its live equations, its captured constants and
     the equations written out (Traced.rewritten)."""
-    fl = _Flattener(scatters)
+    fl = _Flattener(scatters, wide_scatters)
     inputs = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
     outputs = fl.run(closed.jaxpr, closed.consts, inputs)
     eqns = _live_eqns(fl.eqns, outputs)

@@ -80,6 +80,40 @@ def roofline_bound(report, parts: dict, jit_busy_us: float, bandwidth: float) ->
             f"busy {rest + ideal:.0f} us, {jit_busy_us / (rest + ideal):.3f}x over jax.jit's busy time")
 
 
+def ours_by_launch(events, report, bandwidth: float) -> list[str]:
+    """Our kernels' measured time against their roofline, per group of stitched regions launched
+    alike (grid and block size, as CUPTI records them): which regions hold the step's distance from
+    the roofline. Groups the plan has but the timeline lacks (or the reverse) show a count of 0."""
+    def size(dims):
+        n = 1
+        for d in dims or (1,):
+            n *= int(d)
+        return n
+    measured = collections.defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if kind_of(e["name"]) == "ours":
+            a = e.get("args", {})
+            key = (size(a.get("grid")), size(a.get("block")))
+            measured[key][0] += e["dur"]
+            measured[key][1] += 1
+    planned = collections.defaultdict(list)
+    for r in report.regions:
+        if r.stitched and not r.where:
+            planned[(r.grid, r.block)].append(r)
+    lines = []
+    for key in sorted(set(measured) | set(planned), key=lambda k: -measured[k][0]):
+        rs = planned.get(key, [])
+        us, n = measured[key]
+        roof = sum(r.est_bytes or 0 for r in rs) / bandwidth * 1e6
+        est = sum(r.est_us or 0 for r in rs)
+        what = (f"{rs[0].mapping} {rs[0].rows}x{rs[0].cols} #{','.join(str(r.index) for r in rs[:3])}"
+                f"{'...' if len(rs) > 3 else ''}: {' '.join(rs[0].ops[:6])}") if rs else "(not in the plan)"
+        pct = f"{100 * roof / us:4.0f}%" if us else "   -"
+        lines.append(f"  {us:8.0f} us {n:3d}x  roofline {roof:7.0f} us {pct}  est {est:7.0f}  "
+                     f"({len(rs)} regions, grid {key[0]} x {key[1]})  {what}")
+    return lines
+
+
 def main():
     p = model_arguments(argparse.ArgumentParser())
     p.add_argument("--top", type=int, default=15)
@@ -108,7 +142,10 @@ def main():
         if "ours" in parts:
             graphdef, state = init()
             report = jaxstitch.explain(example.train_step, graphdef, state, batch(0))
-            print(roofline_bound(report, parts, busy_of["jax.jit"], measure_bandwidth(False, 10)))
+            bandwidth = measure_bandwidth(False, 10)
+            print(roofline_bound(report, parts, busy_of["jax.jit"], bandwidth))
+            print("  our kernels by launch shape (measured, roofline, the plan's estimate):")
+            print("\n".join(ours_by_launch(events, report, bandwidth)))
         for key, (dur, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:args.top]:
             print(f"  {dur:9.0f} us {n:5d}x  {key}")
         if args.gaps:

@@ -1040,3 +1040,44 @@ def test_control_flow_bodies_match_xla(name, dtype):
         ours, xla = float(np.max(np.abs(a32 - e32))), float(np.max(np.abs(c32 - e32)))
         bound = max(2 * xla, TOL["bfloat16"] * float(np.max(np.abs(e32))))
         assert ours <= bound, f"{what} output {i}: {ours:.3g} from float32, XLA {xla:.3g} (bound {bound:.3g})"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_embedding_gradients_match_the_exact_sum(dtype):
+    """An embedding's gradient through a half-precision lookup, then an Adam-like update of the
+    table, with a fifth of the ids one [MASK] id (wide_scatter.py: XLA scatters in float32, rounds
+    once): against the exact sum (float64) and jax.jit of the same float32 formulation. Not checked
+    for the same bits run to run: XLA's float32 atomics add in any order, as its half-precision
+    ones do under jax.jit."""
+    from test_wide_scatter import embedding_grad, widened
+
+    def step(table, ids, dy, m):
+        g = embedding_grad(table, ids, dy)
+        m = 0.9 * m + 0.1 * g
+        return table - 1e-3 * m, m, g
+
+    def want_step(table, ids, dy, m):
+        g = widened(table, ids, dy)
+        m = 0.9 * m + 0.1 * g
+        return table - 1e-3 * m, m, g
+
+    seed = (RUN_SEED + zlib.crc32(f"embedding/{dtype}".encode())) % (1 << 63)
+    rng = np.random.default_rng(seed)
+    vocab, hidden, dt = 30522, 768, jnp.dtype(dtype)
+    ids = rng.integers(1000, vocab, (32, 128))
+    ids[:, rng.permutation(128)[:20]] = 103
+    table = jnp.asarray(rng.standard_normal((vocab, hidden)), jnp.float32)
+    dy = jnp.asarray(rng.standard_normal((32, 128, hidden)), dt)
+    m = jnp.asarray(rng.standard_normal((vocab, hidden)), jnp.float32)
+    args = (table, jnp.asarray(ids, jnp.int32), dy, m)
+    what = _msg(f"embedding gradient {dtype}", seed)
+    report = jaxstitch.explain(step, *args)
+    assert dict(report.rewritten).get("scatter-add in float32") == 1, str(report)
+    got = jax.block_until_ready(jaxstitch.jit(step)(*args))
+    want = jax.block_until_ready(jax.jit(want_step)(*args))
+    for i, (a, c) in enumerate(zip(got, want)):
+        compare(a, c, f"{what} output {i}")
+    exact = np.zeros((vocab, hidden))
+    np.add.at(exact, ids.reshape(-1), np.asarray(dy.astype(jnp.float32), np.float64).reshape(-1, hidden))
+    err = np.abs(np.asarray(got[2], np.float64) - exact).max(-1) / np.maximum(np.abs(exact).max(-1), 1e-30)
+    assert err.max() <= 2.0 ** -7, f"{what}: gradient off the exact sum by {err.max():.3g} of its row (row {err.argmax()})"

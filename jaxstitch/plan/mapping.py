@@ -85,7 +85,9 @@ class Tuning:
     a paired mapping (plan/pairs.py); `serpentine`: 0 walks a row's chunks in the same order in every
     pass (see Mapping.serpentine); `scatters`: 0 keeps a scatter-add of one value per row into a fill
     (take_along_axis's gradient: optax's integer-label cross-entropy) a scatter, a region boundary,
-    instead of the select it is (row_scatter.py); `cut_saving_us`: the estimated saving (in µs) a
+    instead of the select it is (row_scatter.py); `wide_scatters`: 0 keeps a half-precision scatter-add
+    into a fill (an embedding's gradient) XLA's, added and rounded in the half type update by update,
+    instead of adding in float32 and rounding once (wide_scatter.py); `cut_saving_us`: the estimated saving (in µs) a
     region cut from an unplannable neighbour needs before it is stitched (planner.CUT_MIN_SAVING_US;
     a large value leaves every such region to XLA, as before session 36); `cmd_buffers`: 0 launches
     our kernels between XLA's command buffers (CUDA graphs) instead of letting XLA trace them into
@@ -117,13 +119,14 @@ class Tuning:
     pairs: int = 1
     serpentine: int = 1
     scatters: int = 1
+    wide_scatters: int = 1
     cut_saving_us: int | None = None
     cmd_buffers: int = 1
     xla_kernels: int = 0
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
-              "scan_sums", "pairs", "serpentine", "scatters", "cut_saving_us",
+              "scan_sums", "pairs", "serpentine", "scatters", "wide_scatters", "cut_saving_us",
               "cmd_buffers", "xla_kernels")
 
     @classmethod
