@@ -61,6 +61,13 @@ def test_a_float32_scatter_is_left_as_it_is():
     assert not traced.rewritten and _scatter_dtypes(embedding_grad, *args) == ["float32"]
 
 
+def test_a_few_ids_into_a_large_table_keep_the_half_precision_scatter():
+    """Fewer update elements than a sixteenth of the table: widening would move more bytes (the
+    float32 fill and result) than the half-precision atomics cost."""
+    args = _inputs(jnp.bfloat16, np.array([[3, 7, 7, 9]]))
+    assert _scatter_dtypes(embedding_grad, *args) == ["bfloat16"]
+
+
 def test_wide_scatters_zero_keeps_the_half_precision_scatter():
     args = _inputs(jnp.bfloat16, _repeating_ids())
     traced = trace_mod.trace(embedding_grad, list(args), trace_mod.positional_tree(args), wide_scatters=False)
