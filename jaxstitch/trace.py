@@ -89,16 +89,16 @@ def _inner_jaxpr(eqn):
     return None
 
 
-def _expansion(eqn, operand_is_fill: bool, scatters: bool, wide_scatters: bool):
+def _expansion(eqn, fill: ir.Const | None, scatters: bool, wide_scatters: bool):
     """(kind, jaxpr, consts) to write `eqn` out as, else None: a threefry `random_bits` as its
-    elementwise ops (prng.py), a scatter-add of one value per row into a fill (`operand_is_fill`: its
-    first operand a broadcast scalar) as a select (row_scatter.py; unless not `scatters`), another
+    elementwise ops (prng.py), a scatter-add of one value per row into a fill (`fill`: the scalar its
+    first operand broadcasts, else None) as a select (row_scatter.py; unless not `scatters`), another
     half-precision scatter-add into a fill in float32 (wide_scatter.py; unless not `wide_scatters`)."""
-    if scatters and row_scatter.expandable(eqn, operand_is_fill):
+    if scatters and row_scatter.expandable(eqn, fill is not None):
         closed = row_scatter.expand(eqn)
         return eqn.primitive.name, closed.jaxpr, closed.consts
-    if wide_scatters and wide_scatter.expandable(eqn, operand_is_fill):
-        closed = wide_scatter.expand(eqn)
+    if wide_scatters and wide_scatter.expandable(eqn, fill is not None):
+        closed = wide_scatter.expand(eqn, fill.value)
         return WIDENED, closed.jaxpr, closed.consts
     if eqn.primitive.name != "random_bits":
         return None
@@ -122,10 +122,13 @@ class _Flattener:
         self.producer: dict[int, Eqn] = {}  # value id -> the equation that made it
         self.rewritten: dict[str, int] = {}  # kind -> equations written out (_expansion)
 
-    def is_fill(self, a: ir.Atom) -> bool:
-        """Whether `a` is a scalar broadcast to an array (a broadcast_in_dim of a literal)."""
+    def fill_of(self, a: ir.Atom) -> ir.Const | None:
+        """The literal `a` broadcasts, where `a` is a scalar broadcast to an array (a broadcast_in_dim
+        of a literal), else None."""
         e = self.producer.get(a.id) if isinstance(a, ir.Value) else None
-        return e is not None and e.primitive.name == "broadcast_in_dim" and isinstance(e.inputs[0], ir.Const)
+        if e is not None and e.primitive.name == "broadcast_in_dim" and isinstance(e.inputs[0], ir.Const):
+            return e.inputs[0]
+        return None
 
     def new_value(self, aval) -> ir.Value:
         return ir.Value(next(self.ids), tuple(_dim(d) for d in aval.shape), _dtype_name(aval.dtype))
@@ -156,7 +159,7 @@ class _Flattener:
             if eqn.primitive.name in _INLINED:
                 inner = _inner_jaxpr(eqn)
             else:
-                written = _expansion(eqn, bool(ins) and self.is_fill(ins[0]), self.scatters, self.wide_scatters)
+                written = _expansion(eqn, self.fill_of(ins[0]) if ins else None, self.scatters, self.wide_scatters)
                 inner = written and written[1:]
                 if written:
                     self.rewritten[written[0]] = self.rewritten.get(written[0], 0) + 1

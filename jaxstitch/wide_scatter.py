@@ -48,14 +48,18 @@ def expandable(eqn, operand_is_fill: bool) -> bool:
     return math.prod(updates.shape) * MIN_UPDATE_SHARE >= math.prod(operand.shape)
 
 
-def expand(eqn):
-    """The closed jaxpr of the scatter `eqn` (see `expandable`) with its fill and updates in float32,
-    its result rounded back to the half type."""
+def expand(eqn, fill_value):
+    """The closed jaxpr of the scatter `eqn` (see `expandable`) into `fill_value` broadcast in float32,
+    its updates in float32, its result rounded back to the half type. (The half-precision fill it
+    was given goes unread: a table-sized broadcast nothing needs, which is then dropped, rather
+    than a convert of it that a region could take in and write.)"""
     operand, indices, updates = (v.aval for v in eqn.invars)
     p = eqn.params
 
     def widened(fill, index, update):
-        total = lax.scatter_add(fill.astype(jnp.float32), index, update.astype(jnp.float32),
+        del fill
+        wide_fill = jnp.full(operand.shape, float(fill_value), jnp.float32)
+        total = lax.scatter_add(wide_fill, index, update.astype(jnp.float32),
                                 p["dimension_numbers"], indices_are_sorted=p["indices_are_sorted"],
                                 unique_indices=p["unique_indices"], mode=p["mode"])
         return total.astype(operand.dtype)

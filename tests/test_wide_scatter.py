@@ -53,6 +53,13 @@ def _repeating_ids(seed=1):
 def test_a_half_precision_embedding_gradient_scatters_in_float32(dtype):
     args = _inputs(dtype, _repeating_ids())
     assert _scatter_dtypes(embedding_grad, *args) == ["float32"]
+    # into a float32 fill broadcast from the literal, not a convert of the half-precision one (a
+    # table-sized op a region could take in and write)
+    traced = trace_mod.trace(embedding_grad, list(args), trace_mod.positional_tree(args))
+    producer = {o.id: op for op in traced.graph.ops for o in op.outputs}
+    scatter = next(op for op in traced.graph.ops if op.prim == "scatter-add")
+    fill = producer[scatter.inputs[0].id]
+    assert fill.prim == "broadcast_in_dim" and fill.inputs[0].dtype == "float32", fill
 
 
 def test_a_float32_scatter_is_left_as_it_is():
