@@ -24,6 +24,12 @@ class Target:
         per_warp = -(-registers * 32 // 256) * 256
         return self.regs_per_sm // (block // 32 * per_warp)
 
+    def resident_grid(self, grid: int, block: int, registers: int) -> int:
+        """At most `grid` blocks, as many as are resident at once by registers: what a cooperative
+        launch (a grid barrier, rows split over blocks) runs with, which the launcher clamps to one
+        wave by the driver's occupancy."""
+        return min(grid, max(1, self.blocks_by_registers(block, registers)) * self.sm_count)
+
 
 # Bandwidths are what a plain elementwise kernel reached on our machines (DESIGN.md), not datasheets.
 TARGETS = {

@@ -8,6 +8,7 @@ kernel at the HBM roofline: the ceiling of the step's speedup while the regions 
 """
 import argparse
 import collections
+import math
 import os
 import sys
 
@@ -88,7 +89,7 @@ def launched_grid(r, target) -> int:
     396 for the plan's 528)."""
     if not r.registers or not (r.scheme == "global" or "split over" in (r.mapping or "")):
         return r.grid
-    return min(r.grid, max(1, target.blocks_by_registers(r.block, r.registers)) * target.sm_count)
+    return target.resident_grid(r.grid, r.block, r.registers)
 
 
 def ours_by_launch(events, report, bandwidth: float, target=TARGETS["h100"]) -> list[str]:
@@ -97,10 +98,7 @@ def ours_by_launch(events, report, bandwidth: float, target=TARGETS["h100"]) -> 
     launched_grid): which regions hold the step's distance from the roofline. Groups the plan has
     but the timeline lacks (or the reverse) show a count of 0."""
     def size(dims):
-        n = 1
-        for d in dims or (1,):
-            n *= int(d)
-        return n
+        return math.prod(int(d) for d in dims or ())
     measured = collections.defaultdict(lambda: [0.0, 0])
     for e in events:
         if kind_of(e["name"]) == "ours":

@@ -39,6 +39,7 @@ from test_tile_transpose import CASES as TRANSPOSE_CASES
 from test_prng import CASES as PRNG_CASES, case_inputs as prng_inputs
 from test_pipeline_cpu import bias_grads_then_adam
 from test_transforms import COMPOSITIONS, CONTROL_FLOW, FUNS, MIN_KERNELS, stitched_kernels
+from test_wide_scatter import embedding_grad, widened
 from jaxstitch.ops import VARIADIC
 from jaxstitch.ops import SCANS
 from jaxstitch.workloads import TOP_P
@@ -1049,8 +1050,6 @@ def test_half_precision_embedding_gradients_match_the_exact_sum(dtype):
     once): against the exact sum (float64) and jax.jit of the same float32 formulation. Not checked
     for the same bits run to run: XLA's float32 atomics add in any order, as its half-precision
     ones do under jax.jit."""
-    from test_wide_scatter import embedding_grad, widened
-
     def step(table, ids, dy, m):
         g = embedding_grad(table, ids, dy)
         m = 0.9 * m + 0.1 * g

@@ -297,7 +297,7 @@ def estimate_rows(plan: RegionPlan, n_rows: int, target: Target, registers: int 
     mp = kernel.mapping
     grid = max(1, min(-(-n_rows * mp.splits // mp.rows_per_block), mp.grid_cap))
     if mp.cooperative and registers:
-        grid = min(grid, max(1, target.blocks_by_registers(mp.block, registers)) * target.sm_count)
+        grid = target.resident_grid(grid, mp.block, registers)
     kernel = dataclasses.replace(kernel, layout=dataclasses.replace(kernel.layout, n_rows=n_rows),
                                  mapping=dataclasses.replace(mp, n_rows=n_rows, grid=grid))
     return _estimate(kernel, plan.region, target)
