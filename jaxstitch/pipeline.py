@@ -251,7 +251,8 @@ def stage(traced: trace_mod.Traced, target: Target, cfg: Config,
         cuts = partition_mod.Cuts(at_reduced=not cfg.tuning.stitch, at_grid=not cfg.tuning.grid)
         part = partition_mod.partition(traced.graph, fits=_fits_one_kernel, cuts=cuts)
         if cfg.tuning.recompute:
-            part = recompute_cheap_inputs(traced.graph, part, _fits_one_kernel)
+            part = recompute_cheap_inputs(traced.graph, part, _fits_one_kernel,
+                                              unread_writes=cfg.tuning.recompute >= 2)
     for r in part.regions:
         prefetch(r, target, cfg)
     return Staged(traced, part)

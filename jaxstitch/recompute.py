@@ -4,12 +4,14 @@ A region's input made by a short elementwise chain outside it (a convert to floa
 `x * rsqrt(var)`) is something XLA never writes on its own: it fuses the chain into every consumer,
 recomputing it there. Read from memory by our kernel, the chain's result must be written first, so a
 stitched backward pass can cost the forward pass an extra kernel and both of them the bytes of a
-full float32 array. Here each region takes in such chains wherever that reads fewer bytes (the
+full float32 array. Here each region takes in such chains wherever that moves fewer bytes (the
 chain's leaves instead of its result). The chain's ops stay outside too, for their other consumers;
-XLA drops them where none is left.
+XLA drops them where none is left, and a stitched producer stops writing a result no one reads
+(_drop_unread).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Callable
 
@@ -21,30 +23,49 @@ MAX_CHAIN_OPS = 8      # ops recomputed for one input
 MAX_BYTES_RATIO = 0.75  # the leaves' new bytes against the input's, at most
 
 
-def recompute_cheap_inputs(graph: ir.Graph, part: Partition, fits: Callable[[Region], bool]) -> Partition:
+def recompute_cheap_inputs(graph: ir.Graph, part: Partition, fits: Callable[[Region], bool],
+                           unread_writes: bool = True) -> Partition:
+    """`unread_writes`: count, against a chain's leaves, the write of an input its region alone reads
+    (its producer no longer writes it once the chain is taken in), not only its read."""
     producer = {o.id: op for op in graph.ops for o in op.outputs}
     hidden = {o for r in part.regions for op in r.ops for o in op.outputs} - \
         {o for r in part.regions for o in r.outputs}
-    regions = tuple(_adopt_chains(r, producer, hidden, fits) for r in part.regions)
-    return dataclasses.replace(part, regions=_drop_unread(graph, _export_leaves(regions), producer))
+    sole = _read_once(graph, part) if unread_writes else set()
+    regions = tuple(_adopt_chains(r, producer, hidden, sole, fits) for r in part.regions)
+    return dataclasses.replace(part, regions=_drop_unread(graph, _export_leaves(regions), producer, unread_writes))
 
 
-def _drop_unread(graph: ir.Graph, regions: tuple[Region, ...], producer: dict) -> tuple[Region, ...]:
+def _read_once(graph: ir.Graph, part: Partition) -> set[ir.Value]:
+    """Values made by an op and read by one region alone: nothing else (no other region, no op
+    outside the regions, no program output) needs them written."""
+    inside = {op.index for r in part.regions for op in r.ops if op.index not in r.recomputed}
+    elsewhere = {a for op in graph.ops if op.index not in inside for a in op.inputs if isinstance(a, ir.Value)}
+    elsewhere |= {v for v in graph.outputs if isinstance(v, ir.Value)}
+    regions_reading = collections.Counter(v for r in part.regions for v in r.inputs)
+    made = {o for op in graph.ops for o in op.outputs}
+    return {v for v, n in regions_reading.items() if n == 1 and v in made and v not in elsewhere}
+
+
+def _drop_unread(graph: ir.Graph, regions: tuple[Region, ...], producer: dict,
+                 rebuilt: bool = True) -> tuple[Region, ...]:
     """Region outputs that need not be written: those computed from positions alone (a causal mask
     broadcast over the attention scores) that no region input, op outside the regions or program
     output reads any more (their readers recompute them), and those that ops outside read only
     through gathers, made from the region's inputs by a short cheap chain (a loss's float32 copy of
     bfloat16 logits, of which a gather picks one element a row: written in full, it was as many
-    bytes as the loss's gradient). (Any other value stays an output: a reader's region, if XLA runs
-    it after all, reads its recomputed ops' results from their owner.) The stitcher computes such a
-    value again wherever an op left to XLA still needs it (stitcher.make_runner), where XLA fuses
-    the chain into the gather."""
+    bytes as the loss's gradient). With `rebuilt`, also those no one reads any more that a short
+    cheap chain makes from values still written (a layernorm's float32 `x - mean`, which its
+    backward region now recomputes from x); without it, any other value stays an output. The
+    stitcher computes such a value again wherever an op left to XLA still needs it
+    (stitcher.make_runner: a reader's region that XLA runs after all), where XLA fuses the chain
+    into that op."""
     inside = {op.index for r in regions for op in r.ops if op.index not in r.recomputed}
     read = {v for r in regions for v in r.inputs} | {v for v in graph.outputs if isinstance(v, ir.Value)}
     outside = [op for op in graph.ops if op.index not in inside]
     gathered = {op.inputs[0] for op in outside if op.prim == "gather" and isinstance(op.inputs[0], ir.Value)}
     read_outside = {a for op in outside for i, a in enumerate(op.inputs)
                     if isinstance(a, ir.Value) and not (op.prim == "gather" and i == 0)}
+    kept_written = read | read_outside | set(graph.inputs)
     out = []
     for r in regions:
         def written(o):
@@ -52,7 +73,10 @@ def _drop_unread(graph: ir.Graph, regions: tuple[Region, ...], producer: dict) -
                 return True
             if o in gathered:
                 return not _recomputable_from(o, set(r.inputs), producer)
-            return not positions.positional(o, producer)
+            # (with `rebuilt`, a value only a reader's recomputed chain made: rebuilt from the
+            # chain's leaves, which every reader's region reads, wherever XLA runs that reader)
+            return not positions.positional(o, producer) and not (
+                rebuilt and _recomputable_from(o, kept_written, producer))
         kept = tuple(o for o in r.outputs if written(o))
         out.append(dataclasses.replace(r, outputs=kept) if kept and len(kept) < len(r.outputs) else r)
     return tuple(out)
@@ -117,7 +141,7 @@ def _chain(v: ir.Value, producer: dict, own: set[int], read: set[ir.Value]) -> l
     return sorted(chain.values(), key=lambda op: op.index)
 
 
-def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], fits) -> Region:
+def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir.Value], fits) -> Region:
     for v in sorted(r.inputs, key=lambda v: -v.size * v.itemsize):
         if v.size <= 1 or v not in r.inputs:
             continue
@@ -126,10 +150,13 @@ def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], fits) -> Reg
         if not chain:
             continue
         candidate = _with_ops(r, chain)
-        # (a leaf no kernel writes yet costs its write too)
+        # (a leaf no kernel writes yet costs its write too; an input only this region reads is not
+        # written either once its chain is in here: a layernorm backward's float32 `x - mean`,
+        # where the forward pass now writes the bfloat16 x)
         new_bytes = sum(a.size * a.itemsize * (2 if a in hidden else 1)
                         for a in candidate.inputs if a not in r.inputs)
-        if v in candidate.inputs or new_bytes > MAX_BYTES_RATIO * v.size * v.itemsize:
+        old_bytes = v.size * v.itemsize * (2 if v in sole else 1)
+        if v in candidate.inputs or new_bytes > MAX_BYTES_RATIO * old_bytes:
             continue
         if fits(candidate):
             r = candidate

@@ -40,6 +40,8 @@ from test_prng import CASES as PRNG_CASES, case_inputs as prng_inputs
 from test_pipeline_cpu import bias_grads_then_adam
 from test_transforms import COMPOSITIONS, CONTROL_FLOW, FUNS, MIN_KERNELS, stitched_kernels
 from test_wide_scatter import embedding_grad, widened
+from test_recompute import (RESIDUAL_SPECS, SPECS as RECOMPUTE_SPECS, _readers_declined, norm_across_a_dot,
+                            residual_norm_across_a_dot)
 from jaxstitch.ops import VARIADIC
 from jaxstitch.ops import SCANS
 from jaxstitch.workloads import TOP_P
@@ -896,6 +898,31 @@ def test_inputs_spread_over_rows_match_xla(name, dtype):
     what, _, got, want = forced_case("spread", name, dtype, fun, lambda s: view_inputs(specs, s), {"mul"})
     for i, (a, c) in enumerate(zip(got, want)):
         compare(a, c, f"{what} output {i}")
+
+
+RECOMPUTE_CASES = {"norm_across_a_dot": (norm_across_a_dot, RECOMPUTE_SPECS),
+                   "residual_norm_across_a_dot": (residual_norm_across_a_dot, RESIDUAL_SPECS)}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", sorted(RECOMPUTE_CASES))
+def test_recomputed_chains_match_xla(name, dtype):
+    """A region after a matrix product that takes in `f32(x) - mean` (recompute.py) rather than
+    read it, its producer writing x instead, forced, against jax.jit; then the same with that
+    region left to XLA, which rebuilds the value the stitched producer no longer writes."""
+    fun, specs = RECOMPUTE_CASES[name]
+    # (the product in float32 on both sides, not TF32, whose input rounding a last-bit difference
+    # flips; a float32 output computed from the product's half-precision result is held to that
+    # dtype's tolerance)
+    with jax.default_matmul_precision("float32"):
+        what, args, got, want = forced_case("recompute", name, dtype, fun, lambda s: view_inputs(specs, s),
+                                            {"sub"})
+        with _readers_declined():
+            _, declined = run_stitched(fun, args, what + " (reader left to XLA)")
+    for i, (a, c) in enumerate(zip(got, want)):
+        compare(a, c, f"{what} output {i}", lossy=dtype)
+    for i, (a, c) in enumerate(zip(jax.tree.leaves(declined), want)):
+        compare(a, c, f"{what} output {i} (reader left to XLA)", lossy=dtype)
 
 
 MASK_CASES = dict(POSITIONAL_CASES, attention_grad=(causal_attention_grad, (jax.ShapeDtypeStruct((3, 5, 72, 72), jnp.float32),

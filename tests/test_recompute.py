@@ -3,8 +3,15 @@
 The backward half of an RMSNorm-like function reads `h = f32(x) - mean`, a float32 chain of the
 bfloat16 `x`, across a matrix product. Read from memory, `h` would be written by the forward pass
 first (XLA alone would fuse the chain into both consumers); recomputed, the region reads `x`.
+
+Where `x` is itself made inside the forward region (a residual sum, as in a transformer's layer
+norm), taking the chain in makes the forward pass write `x` where it wrote `h`: worth it only
+counting the write of `h`, which the region after the product alone reads (recompute=2).
 """
 from __future__ import annotations
+
+import contextlib
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -60,3 +67,72 @@ def test_recomputed_regions_give_jax_jit_results(monkeypatch, tune):
     want = jax.jit(norm_across_a_dot)(*args)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+
+
+RESIDUAL_SPECS = [S((512, 768), jnp.bfloat16), S((512, 768), jnp.bfloat16), S((768, 768), jnp.bfloat16)]
+
+
+def residual_norm_across_a_dot(a, b, w):
+    """h = f32(a + b) - mean is read by the forward norm and by the region after the product only."""
+    xf = (a + b).astype(jnp.float32)
+    h = xf - jnp.mean(xf, -1, keepdims=True)
+    y = (h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True) + 1e-6)).astype(a.dtype)
+    z = y @ w
+    return z, jnp.sum(z.astype(jnp.float32) * h, -1, keepdims=True) * h
+
+
+def _residual_program(monkeypatch, tune):
+    monkeypatch.setenv("JAXSTITCH_TUNE", tune)
+    tree = jax.tree_util.tree_structure((tuple(RESIDUAL_SPECS), {}))
+    program = pipeline.build(residual_norm_across_a_dot, list(RESIDUAL_SPECS), tree,
+                             jaxstitch.get_target("h100"), config.load())
+    dot = next(op.index for op in program.traced.graph.ops if op.prim == "dot_general")
+    (before,) = [c.plan.region for c in program.regions if c.plan.region.ops[-1].index < dot]
+    (after,) = [c.plan.region for c in program.regions if c.plan.region.ops[-1].index > dot]
+    return before, after
+
+
+def test_an_input_only_one_region_reads_counts_its_write(monkeypatch):
+    before, after = _residual_program(monkeypatch, "")
+    assert after.recomputed, "the chain f32(a + b) - mean should be recomputed after the product"
+    full = sorted(v.dtype for v in after.inputs if v.shape == (512, 768))
+    assert full == ["bfloat16", "bfloat16"], after.inputs  # a + b, and z from the product
+    written = sorted(v.dtype for v in before.outputs if v.shape == (512, 768))
+    assert written == ["bfloat16", "bfloat16"], before.outputs  # y for the product, and a + b (not h)
+
+
+def test_counting_reads_alone_keeps_reading_h(monkeypatch):
+    _, after = _residual_program(monkeypatch, "recompute=1")
+    assert not after.recomputed
+    assert sorted(v.dtype for v in after.inputs if v.shape == (512, 768)) == ["bfloat16", "float32"]
+
+
+@contextlib.contextmanager
+def _readers_declined():
+    """Every region stitched except those that recompute a chain: XLA runs those after all, and
+    needs the value their producer no longer writes (the stitcher rebuilds it from the leaves)."""
+    with force_stitching():
+        forced = pipeline.plan_region
+
+        def plan(*args, **kwargs):
+            p = forced(*args, **kwargs)
+            return dataclasses.replace(p, reason="declined by the test") if p.region.recomputed else p
+
+        pipeline.plan_region = plan
+        try:
+            yield
+        finally:
+            pipeline.plan_region = forced
+
+
+@pytest.mark.parametrize("tune", ["", "recompute=1"])
+@pytest.mark.parametrize("declined", [False, True])
+def test_residual_regions_give_jax_jit_results(monkeypatch, tune, declined):
+    monkeypatch.setenv("JAXSTITCH_TUNE", tune)
+    args = random_inputs(RESIDUAL_SPECS, 6)
+    with (_readers_declined() if declined else force_stitching()):
+        f = jaxstitch.jit(residual_norm_across_a_dot, target="h100")
+        got = f(*args)
+    want = jax.jit(residual_norm_across_a_dot)(*args)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=2e-2, atol=2e-2)

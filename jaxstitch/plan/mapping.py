@@ -73,7 +73,8 @@ class Tuning:
     value; siblings not merged); `grid`: 0 gives column and whole-array reductions kernels of their
     own (no grid barrier next to row work); `remote`: 0 launches independent regions separately;
     `recompute`: 0 reads every input a region's neighbours write, never recomputing cheap producers
-    (recompute.py); `variants`: 0 gives a shape family's long rows no split-row kernels for few rows
+    (recompute.py), 1 recomputes them where that reads fewer bytes, 2 (the default) also counts the
+    write of an input no one else reads; `variants`: 0 gives a shape family's long rows no split-row kernels for few rows
     (families.py's ladder); `split_rows`: the rows a forced split's stash is sized for, where a
     family's variant runs (its samples have more); `diamonds`: 0 has the cost model take every row
     reduction for fused by XLA with the ops reading it back (plan/diamonds.py); `scans`: 0 leaves
@@ -110,7 +111,7 @@ class Tuning:
     stitch: int = 1
     grid: int = 1
     remote: int = 1
-    recompute: int = 1
+    recompute: int = 2
     variants: int = 1
     split_rows: int | None = None
     diamonds: int = 1
