@@ -40,7 +40,7 @@ from test_prng import CASES as PRNG_CASES, case_inputs as prng_inputs
 from test_pipeline_cpu import bias_grads_then_adam
 from test_transforms import COMPOSITIONS, CONTROL_FLOW, FUNS, MIN_KERNELS, stitched_kernels
 from test_wide_scatter import embedding_grad, widened
-from test_recompute import (RESIDUAL_SPECS, SPECS as RECOMPUTE_SPECS, _readers_declined, norm_across_a_dot,
+from test_recompute import (RESIDUAL_SPECS, SPECS as RECOMPUTE_SPECS, norm_across_a_dot, readers_left_to_xla,
                             residual_norm_across_a_dot)
 from jaxstitch.ops import VARIADIC
 from jaxstitch.ops import SCANS
@@ -917,7 +917,7 @@ def test_recomputed_chains_match_xla(name, dtype):
     with jax.default_matmul_precision("float32"):
         what, args, got, want = forced_case("recompute", name, dtype, fun, lambda s: view_inputs(specs, s),
                                             {"sub"})
-        with _readers_declined():
+        with readers_left_to_xla():
             _, declined = run_stitched(fun, args, what + " (reader left to XLA)")
     for i, (a, c) in enumerate(zip(got, want)):
         compare(a, c, f"{what} output {i}", lossy=dtype)
