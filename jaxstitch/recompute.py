@@ -32,6 +32,8 @@ def recompute_cheap_inputs(graph: ir.Graph, part: Partition, fits: Callable[[Reg
         {o for r in part.regions for o in r.outputs}
     sole = _read_once(graph, part) if unread_writes else set()
     regions = tuple(_adopt_chains(r, producer, hidden, sole, fits) for r in part.regions)
+    if unread_writes:
+        regions = tuple(_adopt_shared_leaves(r, producer, hidden, sole, fits) for r in regions)
     return dataclasses.replace(part, regions=_drop_unread(graph, _export_leaves(regions), producer, unread_writes))
 
 
@@ -159,6 +161,39 @@ def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir
         if v in candidate.inputs or new_bytes > MAX_BYTES_RATIO * old_bytes:
             continue
         if fits(candidate):
+            r = candidate
+    return r
+
+
+def _adopt_shared_leaves(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir.Value],
+                         fits) -> Region:
+    """Inputs made by cheap chains from one full-size value, taken in together: a float32
+    layernorm backward reads `x - mean` and `2 * x`, each alone as many bytes as `x` (and `x`'s
+    write, where no kernel writes it yet), which _adopt_chains turns down one by one; together they
+    cost one read of `x` against two inputs' reads and writes."""
+    shared: dict[ir.Value, list[ir.Value]] = {}
+    own = {op.index for op in r.ops}
+    for v in r.inputs:
+        op = producer.get(v.id)
+        if v.size <= 1 or op is None or op.index in own or not _cheap(op):
+            continue
+        for a in dict.fromkeys(a for a in op.inputs if isinstance(a, ir.Value)):
+            made_by = producer.get(a.id)
+            if a.size == v.size and a not in r.inputs and (made_by is None or made_by.prim != "broadcast_in_dim"):
+                shared.setdefault(a, []).append(v)
+    for x, members in shared.items():
+        if len(members) < 2 or any(v not in r.inputs for v in members):
+            continue
+        own = {op.index for op in r.ops}
+        read = (set(r.inputs) - set(members)) | {x}
+        chain = {op.index: op for v in members for op in _chain(v, producer, own, read)}
+        candidate = _with_ops(r, sorted(chain.values(), key=lambda op: op.index))
+        if any(v in candidate.inputs for v in members):
+            continue
+        new_bytes = sum(a.size * a.itemsize * (2 if a in hidden else 1)
+                        for a in candidate.inputs if a not in r.inputs)
+        old_bytes = sum(v.size * v.itemsize * (2 if v in sole else 1) for v in members)
+        if new_bytes <= MAX_BYTES_RATIO * old_bytes and fits(candidate):
             r = candidate
     return r
 

@@ -40,8 +40,8 @@ from test_prng import CASES as PRNG_CASES, case_inputs as prng_inputs
 from test_pipeline_cpu import bias_grads_then_adam
 from test_transforms import COMPOSITIONS, CONTROL_FLOW, FUNS, MIN_KERNELS, stitched_kernels
 from test_wide_scatter import embedding_grad, widened
-from test_recompute import (RESIDUAL_SPECS, SPECS as RECOMPUTE_SPECS, norm_across_a_dot, readers_left_to_xla,
-                            residual_norm_across_a_dot)
+from test_recompute import (RESIDUAL_SPECS, SHARED_SPECS, SPECS as RECOMPUTE_SPECS, norm_across_a_dot,
+                            readers_left_to_xla, residual_norm_across_a_dot, shared_leaf_across_a_dot)
 from jaxstitch.ops import VARIADIC
 from jaxstitch.ops import SCANS
 from jaxstitch.workloads import TOP_P
@@ -901,15 +901,16 @@ def test_inputs_spread_over_rows_match_xla(name, dtype):
 
 
 RECOMPUTE_CASES = {"norm_across_a_dot": (norm_across_a_dot, RECOMPUTE_SPECS),
-                   "residual_norm_across_a_dot": (residual_norm_across_a_dot, RESIDUAL_SPECS)}
+                   "residual_norm_across_a_dot": (residual_norm_across_a_dot, RESIDUAL_SPECS),
+                   "shared_leaf_across_a_dot": (shared_leaf_across_a_dot, SHARED_SPECS)}
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", sorted(RECOMPUTE_CASES))
 def test_recomputed_chains_match_xla(name, dtype):
-    """A region after a matrix product that takes in `f32(x) - mean` (recompute.py) rather than
-    read it, its producer writing x instead, forced, against jax.jit; then the same with that
-    region left to XLA, which rebuilds the value the stitched producer no longer writes."""
+    """A region after a matrix product that takes in `f32(x) - mean` (and `2 * x`: recompute.py)
+    rather than read it, its producer writing x instead, forced, against jax.jit; then the same
+    with that region left to XLA, which rebuilds the values the stitched producer no longer writes."""
     fun, specs = RECOMPUTE_CASES[name]
     # (the product in float32 on both sides, not TF32, whose input rounding a last-bit difference
     # flips; a float32 output computed from the product's half-precision result is held to that

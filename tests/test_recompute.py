@@ -6,7 +6,9 @@ first (XLA alone would fuse the chain into both consumers); recomputed, the regi
 
 Where `x` is itself made inside the forward region (a residual sum, as in a transformer's layer
 norm), taking the chain in makes the forward pass write `x` where it wrote `h`: worth it only
-counting the write of `h`, which the region after the product alone reads (recompute=2).
+counting the write of `h`, which the region after the product alone reads (recompute=2). In
+float32 `x` is as wide as `h`, and the region after the product reads `x - mean` and `2 * x`: each
+chain alone costs as much as it saves, the two together share `x`.
 """
 from __future__ import annotations
 
@@ -107,6 +109,35 @@ def test_counting_reads_alone_keeps_reading_h(monkeypatch):
     assert sorted(v.dtype for v in after.inputs if v.shape == (512, 768)) == ["bfloat16", "float32"]
 
 
+SHARED_SPECS = [S((512, 768), jnp.float32), S((512, 768), jnp.float32), S((768, 768), jnp.float32)]
+
+
+def shared_leaf_across_a_dot(a, b, w):
+    """After the product, `x - mean` and `2 * x` of the forward region's x = a + b."""
+    x = a + b
+    h = x - jnp.mean(x, -1, keepdims=True)
+    y = h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True) + 1e-6)
+    z = y @ w
+    return z, jnp.sum(z * h, -1, keepdims=True) * (2 * x)
+
+
+def _shared_program(monkeypatch, tune):
+    monkeypatch.setenv("JAXSTITCH_TUNE", tune)
+    tree = jax.tree_util.tree_structure((tuple(SHARED_SPECS), {}))
+    program = pipeline.build(shared_leaf_across_a_dot, list(SHARED_SPECS), tree,
+                             jaxstitch.get_target("h100"), config.load())
+    (z,) = next(op.outputs for op in program.traced.graph.ops if op.prim == "dot_general")
+    (after,) = [c.plan.region for c in program.regions if z in c.plan.region.inputs]
+    return after
+
+
+@pytest.mark.parametrize("tune, wide_inputs", [("", 2), ("recompute=1", 3)])
+def test_chains_sharing_a_leaf_are_taken_in_together(monkeypatch, tune, wide_inputs):
+    after = _shared_program(monkeypatch, tune)
+    assert len([v for v in after.inputs if v.shape == (512, 768)]) == wide_inputs, after.inputs
+    assert bool(after.recomputed) == (wide_inputs == 2)
+
+
 @contextlib.contextmanager
 def readers_left_to_xla():
     """Every region stitched except those that recompute a chain: XLA runs those after all, and
@@ -127,12 +158,13 @@ def readers_left_to_xla():
 
 @pytest.mark.parametrize("tune", ["", "recompute=1"])
 @pytest.mark.parametrize("declined", [False, True])
-def test_residual_regions_give_jax_jit_results(monkeypatch, tune, declined):
+@pytest.mark.parametrize("fun, specs", [(residual_norm_across_a_dot, RESIDUAL_SPECS),
+                                        (shared_leaf_across_a_dot, SHARED_SPECS)])
+def test_residual_regions_give_jax_jit_results(monkeypatch, tune, declined, fun, specs):
     monkeypatch.setenv("JAXSTITCH_TUNE", tune)
-    args = random_inputs(RESIDUAL_SPECS, 6)
+    args = random_inputs(specs, 6)
     with (readers_left_to_xla() if declined else force_stitching()):
-        f = jaxstitch.jit(residual_norm_across_a_dot, target="h100")
-        got = f(*args)
-    want = jax.jit(residual_norm_across_a_dot)(*args)
+        got = jaxstitch.jit(fun, target="h100")(*args)
+    want = jax.jit(fun)(*args)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=1e-5, atol=1e-5)
