@@ -26,7 +26,8 @@ MAX_BYTES_RATIO = 0.75  # the leaves' new bytes against the input's, at most
 def recompute_cheap_inputs(graph: ir.Graph, part: Partition, fits: Callable[[Region], bool],
                            unread_writes: bool = True) -> Partition:
     """`unread_writes`: count, against a chain's leaves, the write of an input its region alone reads
-    (its producer no longer writes it once the chain is taken in), not only its read."""
+    (its producer no longer writes it once the chain is taken in), not only its read, and take in
+    chains that share a leaf together (_adopt_shared_leaves)."""
     producer = {o.id: op for op in graph.ops for o in op.outputs}
     hidden = {o for r in part.regions for op in r.ops for o in op.outputs} - \
         {o for r in part.regions for o in r.outputs}
@@ -152,13 +153,7 @@ def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir
         if not chain:
             continue
         candidate = _with_ops(r, chain)
-        # (a leaf no kernel writes yet costs its write too; an input only this region reads is not
-        # written either once its chain is in here: a layernorm backward's float32 `x - mean`,
-        # where the forward pass now writes the bfloat16 x)
-        new_bytes = sum(a.size * a.itemsize * (2 if a in hidden else 1)
-                        for a in candidate.inputs if a not in r.inputs)
-        old_bytes = v.size * v.itemsize * (2 if v in sole else 1)
-        if v in candidate.inputs or new_bytes > MAX_BYTES_RATIO * old_bytes:
+        if v in candidate.inputs or _new_bytes(candidate, r, hidden) > MAX_BYTES_RATIO * _bytes_of(v, sole):
             continue
         if fits(candidate):
             r = candidate
@@ -179,6 +174,7 @@ def _adopt_shared_leaves(r: Region, producer: dict, hidden: set[ir.Value], sole:
             continue
         for a in dict.fromkeys(a for a in op.inputs if isinstance(a, ir.Value)):
             made_by = producer.get(a.id)
+            # (a broadcast row value is no shared leaf: _chain takes it in, reading the row)
             if a.size == v.size and a not in r.inputs and (made_by is None or made_by.prim != "broadcast_in_dim"):
                 shared.setdefault(a, []).append(v)
     for x, members in shared.items():
@@ -190,12 +186,22 @@ def _adopt_shared_leaves(r: Region, producer: dict, hidden: set[ir.Value], sole:
         candidate = _with_ops(r, sorted(chain.values(), key=lambda op: op.index))
         if any(v in candidate.inputs for v in members):
             continue
-        new_bytes = sum(a.size * a.itemsize * (2 if a in hidden else 1)
-                        for a in candidate.inputs if a not in r.inputs)
-        old_bytes = sum(v.size * v.itemsize * (2 if v in sole else 1) for v in members)
-        if new_bytes <= MAX_BYTES_RATIO * old_bytes and fits(candidate):
+        if _new_bytes(candidate, r, hidden) <= MAX_BYTES_RATIO * sum(_bytes_of(v, sole) for v in members) \
+                and fits(candidate):
             r = candidate
     return r
+
+
+def _new_bytes(candidate: Region, r: Region, hidden: set[ir.Value]) -> int:
+    """What `candidate` reads that `r` did not; a leaf no kernel writes yet costs its write too."""
+    return sum(a.size * a.itemsize * (2 if a in hidden else 1) for a in candidate.inputs if a not in r.inputs)
+
+
+def _bytes_of(v: ir.Value, sole: set[ir.Value]) -> int:
+    """What reading `v` costs: its read, and its write where only this region reads it (once its
+    chain is taken in, its producer no longer writes it: a layernorm backward's float32 `x - mean`,
+    where the forward pass then writes the bfloat16 x)."""
+    return v.size * v.itemsize * (2 if v in sole else 1)
 
 
 def _with_ops(r: Region, chain: list[ir.Op]) -> Region:

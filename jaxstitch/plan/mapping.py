@@ -74,7 +74,7 @@ class Tuning:
     own (no grid barrier next to row work); `remote`: 0 launches independent regions separately;
     `recompute`: 0 reads every input a region's neighbours write, never recomputing cheap producers
     (recompute.py), 1 recomputes them where that reads fewer bytes, 2 (the default) also counts the
-    write of an input no one else reads; `variants`: 0 gives a shape family's long rows no split-row
+    write of an input no one else reads and takes in chains sharing a leaf together; `variants`: 0 gives a shape family's long rows no split-row
     kernels for few rows (families.py's ladder); `split_rows`: the rows a forced split's stash is sized for, where a
     family's variant runs (its samples have more); `diamonds`: 0 has the cost model take every row
     reduction for fused by XLA with the ops reading it back (plan/diamonds.py); `scans`: 0 leaves
