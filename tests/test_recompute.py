@@ -35,10 +35,14 @@ def norm_across_a_dot(x, w):
     return y, jnp.sum(y * h, -1, keepdims=True) * h
 
 
-def _regions(monkeypatch, tune):
+def _program(monkeypatch, tune, fun, specs):
     monkeypatch.setenv("JAXSTITCH_TUNE", tune)
-    tree = jax.tree_util.tree_structure((tuple(SPECS), {}))
-    program = pipeline.build(norm_across_a_dot, list(SPECS), tree, jaxstitch.get_target("h100"), config.load())
+    tree = jax.tree_util.tree_structure((tuple(specs), {}))
+    return pipeline.build(fun, list(specs), tree, jaxstitch.get_target("h100"), config.load())
+
+
+def _regions(monkeypatch, tune):
+    program = _program(monkeypatch, tune, norm_across_a_dot, SPECS)
     dot = next(op.index for op in program.traced.graph.ops if op.prim == "dot_general")
     (after,) = [c.plan.region for c in program.regions if c.plan.region.ops[-1].index > dot]
     return after
@@ -84,10 +88,7 @@ def residual_norm_across_a_dot(a, b, w):
 
 
 def _residual_program(monkeypatch, tune):
-    monkeypatch.setenv("JAXSTITCH_TUNE", tune)
-    tree = jax.tree_util.tree_structure((tuple(RESIDUAL_SPECS), {}))
-    program = pipeline.build(residual_norm_across_a_dot, list(RESIDUAL_SPECS), tree,
-                             jaxstitch.get_target("h100"), config.load())
+    program = _program(monkeypatch, tune, residual_norm_across_a_dot, RESIDUAL_SPECS)
     dot = next(op.index for op in program.traced.graph.ops if op.prim == "dot_general")
     (before,) = [c.plan.region for c in program.regions if c.plan.region.ops[-1].index < dot]
     (after,) = [c.plan.region for c in program.regions if c.plan.region.ops[-1].index > dot]
@@ -122,10 +123,7 @@ def shared_leaf_across_a_dot(a, b, w):
 
 
 def _shared_program(monkeypatch, tune):
-    monkeypatch.setenv("JAXSTITCH_TUNE", tune)
-    tree = jax.tree_util.tree_structure((tuple(SHARED_SPECS), {}))
-    program = pipeline.build(shared_leaf_across_a_dot, list(SHARED_SPECS), tree,
-                             jaxstitch.get_target("h100"), config.load())
+    program = _program(monkeypatch, tune, shared_leaf_across_a_dot, SHARED_SPECS)
     (z,) = next(op.outputs for op in program.traced.graph.ops if op.prim == "dot_general")
     (after,) = [c.plan.region for c in program.regions if z in c.plan.region.inputs]
     return after
