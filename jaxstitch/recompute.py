@@ -38,11 +38,16 @@ def recompute_cheap_inputs(graph: ir.Graph, part: Partition, fits: Callable[[Reg
     return dataclasses.replace(part, regions=_drop_unread(graph, _export_leaves(regions), producer, unread_writes))
 
 
+def _outside(graph: ir.Graph, regions) -> list[ir.Op]:
+    """The ops no region runs (a region's recomputed copies also run outside it)."""
+    inside = {op.index for r in regions for op in r.ops if op.index not in r.recomputed}
+    return [op for op in graph.ops if op.index not in inside]
+
+
 def _read_once(graph: ir.Graph, part: Partition) -> set[ir.Value]:
     """Values made by an op and read by one region alone: nothing else (no other region, no op
     outside the regions, no program output) needs them written."""
-    inside = {op.index for r in part.regions for op in r.ops if op.index not in r.recomputed}
-    elsewhere = {a for op in graph.ops if op.index not in inside for a in op.inputs if isinstance(a, ir.Value)}
+    elsewhere = {a for op in _outside(graph, part.regions) for a in op.inputs if isinstance(a, ir.Value)}
     elsewhere |= {v for v in graph.outputs if isinstance(v, ir.Value)}
     regions_reading = collections.Counter(v for r in part.regions for v in r.inputs)
     made = {o for op in graph.ops for o in op.outputs}
@@ -62,9 +67,8 @@ def _drop_unread(graph: ir.Graph, regions: tuple[Region, ...], producer: dict,
     stitcher computes such a value again wherever an op left to XLA still needs it
     (stitcher.make_runner: a reader's region that XLA runs after all), where XLA fuses the chain
     into that op."""
-    inside = {op.index for r in regions for op in r.ops if op.index not in r.recomputed}
     read = {v for r in regions for v in r.inputs} | {v for v in graph.outputs if isinstance(v, ir.Value)}
-    outside = [op for op in graph.ops if op.index not in inside]
+    outside = _outside(graph, regions)
     gathered = {op.inputs[0] for op in outside if op.prim == "gather" and isinstance(op.inputs[0], ir.Value)}
     read_outside = {a for op in outside for i, a in enumerate(op.inputs)
                     if isinstance(a, ir.Value) and not (op.prim == "gather" and i == 0)}

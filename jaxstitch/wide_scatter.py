@@ -19,8 +19,9 @@ keeps XLA's half-precision scatter.
 Widening costs bytes over the whole table: the fill written and the result read in float32, ~1.3
 ps an element more at an H100's bandwidth, where a half-precision update costs ~35 ps more than a
 float32 one even with no index repeated (8 x 512 random ids, 3.1M update elements: ~160 against
-~51 us in the scatter itself, the fills and converts taken out of the probe's totals). So a scatter of fewer than a sixteenth as many update elements as the table holds (a few
-ids into a large vocabulary) is left as it is: there widening could cost more than it saves.
+~51 us in the scatter itself, the fills and converts taken out of the probe's totals). So a
+scatter of fewer than a sixteenth as many update elements as the table holds (a few ids into a
+large vocabulary) is left as it is: there widening could cost more than it saves.
 """
 from __future__ import annotations
 

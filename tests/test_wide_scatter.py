@@ -36,8 +36,11 @@ def _inputs(dtype, ids, seed=0):
     return table, jnp.asarray(ids, jnp.int32), dy
 
 
-def _scatter_dtypes(fun, *args) -> list[str]:
-    traced = trace_mod.trace(fun, list(args), trace_mod.positional_tree(args))
+def _trace(fun, *args, **options):
+    return trace_mod.trace(fun, list(args), trace_mod.positional_tree(args), **options)
+
+
+def _scatter_dtypes(traced) -> list[str]:
     return [op.outputs[0].dtype for op in traced.graph.ops if op.prim == "scatter-add"]
 
 
@@ -51,11 +54,10 @@ def _repeating_ids(seed=1):
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_a_half_precision_embedding_gradient_scatters_in_float32(dtype):
-    args = _inputs(dtype, _repeating_ids())
-    assert _scatter_dtypes(embedding_grad, *args) == ["float32"]
+    traced = _trace(embedding_grad, *_inputs(dtype, _repeating_ids()))
+    assert _scatter_dtypes(traced) == ["float32"]
     # into a float32 fill broadcast from the literal, not a convert of the half-precision one (a
     # table-sized op a region could take in and write)
-    traced = trace_mod.trace(embedding_grad, list(args), trace_mod.positional_tree(args))
     producer = {o.id: op for op in traced.graph.ops for o in op.outputs}
     scatter = next(op for op in traced.graph.ops if op.prim == "scatter-add")
     fill = producer[scatter.inputs[0].id]
@@ -63,22 +65,19 @@ def test_a_half_precision_embedding_gradient_scatters_in_float32(dtype):
 
 
 def test_a_float32_scatter_is_left_as_it_is():
-    args = _inputs(jnp.float32, _repeating_ids())
-    traced = trace_mod.trace(embedding_grad, list(args), trace_mod.positional_tree(args))
-    assert not traced.rewritten and _scatter_dtypes(embedding_grad, *args) == ["float32"]
+    traced = _trace(embedding_grad, *_inputs(jnp.float32, _repeating_ids()))
+    assert not traced.rewritten and _scatter_dtypes(traced) == ["float32"]
 
 
 def test_a_few_ids_into_a_large_table_keep_the_half_precision_scatter():
     """Fewer update elements than a sixteenth of the table: widening would move more bytes (the
     float32 fill and result) than the half-precision atomics cost."""
-    args = _inputs(jnp.bfloat16, np.array([[3, 7, 7, 9]]))
-    assert _scatter_dtypes(embedding_grad, *args) == ["bfloat16"]
+    assert _scatter_dtypes(_trace(embedding_grad, *_inputs(jnp.bfloat16, np.array([[3, 7, 7, 9]])))) == ["bfloat16"]
 
 
 def test_wide_scatters_zero_keeps_the_half_precision_scatter():
-    args = _inputs(jnp.bfloat16, _repeating_ids())
-    traced = trace_mod.trace(embedding_grad, list(args), trace_mod.positional_tree(args), wide_scatters=False)
-    assert [op.outputs[0].dtype for op in traced.graph.ops if op.prim == "scatter-add"] == ["bfloat16"]
+    traced = _trace(embedding_grad, *_inputs(jnp.bfloat16, _repeating_ids()), wide_scatters=False)
+    assert _scatter_dtypes(traced) == ["bfloat16"]
 
 
 def test_one_value_a_row_stays_a_select():
@@ -86,7 +85,7 @@ def test_one_value_a_row_stays_a_select():
     x = jnp.ones((8, 100), jnp.bfloat16)
     idx = jnp.zeros((8, 1), jnp.int32)
     fun = jax.grad(lambda x: jnp.sum(jnp.take_along_axis(x, idx, axis=-1).astype(jnp.float32)))
-    assert _scatter_dtypes(fun, x) == []
+    assert _scatter_dtypes(_trace(fun, x)) == []
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])

@@ -58,45 +58,46 @@ class Tuning:
 
     None keeps the heuristic. `elems`: elements of a row per thread and live array (a power of two);
     `min_threads`: threads per SM the launch bounds leave registers for; `stages`: 0, 1 or 2 async
-    staging buffers for rows that fit in registers; `min_gain_pct`: the estimated speedup (in %)
-    the cost model asks for before it stitches (e.g. 100 to measure regions it declines); `splits`:
+    staging buffers for rows that fit in registers; `min_gain_pct`: the estimated speedup (in %) the
+    cost model asks for before it stitches (e.g. 100 to measure regions it declines); `splits`:
     blocks per long row when there are too few rows to fill the GPU (unset or 0: chosen by the
-    planner; 1: never split); `online`: 0 reduces a softmax's
-    max and sum of exponentials in two passes, as written, instead of one (plan/online.py);
-    `shifts`: 0 leaves row-constant shifts inside the reductions (plan/shifts.py); `factors`: 0
-    leaves row-constant factors inside sums of exponentials (plan/shifts.py: a softmax backward's
-    sum(dy * y) then keeps its own pass), 1 takes them out where rows are walked in chunks or
-    split over blocks, 2 also where a row is held in registers;
-    `fast_exp`: 0 computes exp with expf and erfc with erfcf even in half-precision regions (see
-    planner.fast_exp).
+    planner; 1: never split); `online`: 0 reduces a softmax's max and sum of exponentials in two
+    passes, as written, instead of one (plan/online.py); `shifts`: 0 leaves row-constant shifts
+    inside the reductions (plan/shifts.py); `factors`: 0 leaves row-constant factors inside sums of
+    exponentials (plan/shifts.py: a softmax backward's sum(dy * y) then keeps its own pass), 1 takes
+    them out where rows are walked in chunks or split over blocks, 2 also where a row is held in
+    registers; `fast_exp`: 0 computes exp with expf and erfc with erfcf even in half-precision
+    regions (see planner.fast_exp).
     For ablations: `stitch`: 0 ends regions where XLA ends its kernels (at every use of a reduced
     value; siblings not merged); `grid`: 0 gives column and whole-array reductions kernels of their
     own (no grid barrier next to row work); `remote`: 0 launches independent regions separately;
     `recompute`: 0 reads every input a region's neighbours write, never recomputing cheap producers
     (recompute.py), 1 recomputes them where that reads fewer bytes, 2 (the default) also counts the
-    write of an input no one else reads and takes in chains sharing a leaf together; `variants`: 0 gives a shape family's long rows no split-row
-    kernels for few rows (families.py's ladder); `split_rows`: the rows a forced split's stash is sized for, where a
-    family's variant runs (its samples have more); `diamonds`: 0 has the cost model take every row
-    reduction for fused by XLA with the ops reading it back (plan/diamonds.py); `scans`: 0 leaves
-    every `lax.scan` an XLA loop (its body planned on its own) instead of one persistent kernel
-    where that is planned to win (plan/scan.py); `scan_sums`: 0 has a persistent scan compute a
-    product it adds to a sum-over-rows carry into an array of its own, then transpose, add and copy
-    it, as written (plan/scan.py's InPlaceSum); `pairs`: 0 reads a rotary embedding's other half
-    through gathers, with both halves' formulas at every element, instead of from the registers of
-    a paired mapping (plan/pairs.py); `serpentine`: 0 walks a row's chunks in the same order in every
-    pass (see Mapping.serpentine); `scatters`: 0 keeps a scatter-add of one value per row into a fill
+    write of an input no one else reads and takes in chains sharing a leaf together; `variants`: 0
+    gives a shape family's long rows no split-row kernels for few rows (families.py's ladder);
+    `split_rows`: the rows a forced split's stash is sized for, where a family's variant runs (its
+    samples have more); `diamonds`: 0 has the cost model take every row reduction for fused by XLA
+    with the ops reading it back (plan/diamonds.py); `scans`: 0 leaves every `lax.scan` an XLA loop
+    (its body planned on its own) instead of one persistent kernel where that is planned to win
+    (plan/scan.py); `scan_sums`: 0 has a persistent scan compute a product it adds to a
+    sum-over-rows carry into an array of its own, then transpose, add and copy it, as written
+    (plan/scan.py's InPlaceSum); `pairs`: 0 reads a rotary embedding's other half through gathers,
+    with both halves' formulas at every element, instead of from the registers of a paired mapping
+    (plan/pairs.py); `serpentine`: 0 walks a row's chunks in the same order in every pass (see
+    Mapping.serpentine); `scatters`: 0 keeps a scatter-add of one value per row into a fill
     (take_along_axis's gradient: optax's integer-label cross-entropy) a scatter, a region boundary,
-    instead of the select it is (row_scatter.py); `wide_scatters`: 0 keeps a half-precision scatter-add
-    into a fill (an embedding's gradient) XLA's, added and rounded in the half type update by update,
-    instead of adding in float32 and rounding once (wide_scatter.py); `cut_saving_us`: the estimated saving (in µs) a
-    region cut from an unplannable neighbour needs before it is stitched (planner.CUT_MIN_SAVING_US;
-    a large value leaves every such region to XLA, as before session 36); `cmd_buffers`: 0 launches
-    our kernels between XLA's command buffers (CUDA graphs) instead of letting XLA trace them into
-    one (kernels/ffi.py TARGET_PLAIN): in one process (session 37) slower for BERT in both dtypes
-    and for GPT, faster within noise for DIEN, so 1 stays the default; `xla_kernels`: 1 hands
-    kernels the launcher is not needed for to XLA's own kernel call as PTX (kernels/xla_kernel.py),
-    which XLA records into its graphs as kernel nodes; 0 (the default: session 38 measured no gain on
-    BERT's or GPT's step) launches every kernel through the launcher."""
+    instead of the select it is (row_scatter.py); `wide_scatters`: 0 keeps a half-precision
+    scatter-add into a fill (an embedding's gradient) XLA's, added and rounded in the half type
+    update by update, instead of adding in float32 and rounding once (wide_scatter.py);
+    `cut_saving_us`: the estimated saving (in µs) a region cut from an unplannable neighbour needs
+    before it is stitched (planner.CUT_MIN_SAVING_US; a large value leaves every such region to XLA,
+    as before session 36); `cmd_buffers`: 0 launches our kernels between XLA's command buffers (CUDA
+    graphs) instead of letting XLA trace them into one (kernels/ffi.py TARGET_PLAIN): in one process
+    (session 37) slower for BERT in both dtypes and for GPT, faster within noise for DIEN, so 1
+    stays the default; `xla_kernels`: 1 hands kernels the launcher is not needed for to XLA's own
+    kernel call as PTX (kernels/xla_kernel.py), which XLA records into its graphs as kernel nodes; 0
+    (the default: session 38 measured no gain on BERT's or GPT's step) launches every kernel through
+    the launcher."""
 
     max_tpr: int = 1024
     elems: int | None = None
