@@ -227,7 +227,8 @@ def _plans_as_one_kernel(region) -> bool:
 
 def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
     traced = trace_mod.trace(fun, flat_args, in_tree, static, scatters=bool(cfg.tuning.scatters),
-                            wide_scatters=bool(cfg.tuning.wide_scatters))
+                            wide_scatters=bool(cfg.tuning.wide_scatters),
+                            merge_products=bool(cfg.tuning.merge_products))
     return complete(stage(traced, target, cfg), target, cfg)
 
 

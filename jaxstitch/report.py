@@ -97,7 +97,9 @@ class Report:
 _WRITTEN_OUT = {"random_bits": "threefry's integer ops: prng.py",
                 "scatter-add": "into a fill, one value a row or one window, as a select: row_scatter.py",
                 "scatter-add in float32": "half precision into a fill, added in float32, rounded once: "
-                                          "wide_scatter.py"}
+                                          "wide_scatter.py",
+                "matrix products merged": "into products of concatenations their producers write: "
+                                          "merged_products.py"}
 
 
 def make_report(program: Program, cache: Stats | None = None, symbolic: bool = False,

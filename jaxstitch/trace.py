@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from . import ir, prng, row_scatter, wide_scatter
+from . import ir, merged_products, prng, row_scatter, wide_scatter
 
 _INLINED = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
             "custom_vjp_call_jaxpr", "checkpoint", "remat")
@@ -178,12 +178,14 @@ class _Flattener:
 
 
 def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None = None,
-          scatters: bool = True, wide_scatters: bool = True) -> Traced:
+          scatters: bool = True, wide_scatters: bool = True, merge_products: bool = True) -> Traced:
     """Trace `fun(*args, **kwargs)` given the dynamic leaves of `(args, kwargs)` (arrays, tracers or
     ShapeDtypeStructs); `static` maps the positions of the other leaves to their Python values.
     `scatters`: write a scatter-add of one value per row into a fill out as a select (row_scatter.py;
     JAXSTITCH_TUNE's scatters=0 keeps it a scatter); `wide_scatters`: a half-precision scatter-add
-    into a fill in float32 (wide_scatter.py; wide_scatters=0 keeps XLA's)."""
+    into a fill in float32 (wide_scatter.py; wide_scatters=0 keeps XLA's); `merge_products`: matrix
+    products sharing an operand, or summed, as one product of concatenations where those are free
+    (merged_products.py; merge_products=0 keeps them as written)."""
     out_tree_box = []
     static = static or {}
     n_leaves = len(flat_args) + len(static)
@@ -198,7 +200,7 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
         return leaves
 
     closed = jax.make_jaxpr(flat_fun)(*flat_args)
-    graph, eqns, consts, rewritten = _flatten(closed, scatters, wide_scatters)
+    graph, eqns, consts, rewritten = _flatten(closed, scatters, wide_scatters, merge_products)
     return Traced(graph, eqns, consts, out_tree_box[0], rewritten)
 
 
@@ -252,13 +254,20 @@ def positional_tree(args: Sequence[Any]):
     return jax.tree_util.tree_structure((tuple(args), {}))
 
 
-def _flatten(closed, scatters: bool = True, wide_scatters: bool = True) -> tuple[ir.Graph, tuple[Eqn, ...], dict, tuple]:
+def _flatten(closed, scatters: bool = True, wide_scatters: bool = True,
+             merge_products: bool = False) -> tuple[ir.Graph, tuple[Eqn, ...], dict, tuple]:
     """A closed jaxpr as a graph over fresh values, its live equations, its captured constants and
     the equations written out (Traced.rewritten)."""
     fl = _Flattener(scatters, wide_scatters)
     inputs = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
     outputs = fl.run(closed.jaxpr, closed.consts, inputs)
-    eqns = _live_eqns(fl.eqns, outputs)
+    eqns = fl.eqns
+    if merge_products:
+        eqns, merged = merged_products.merge_products(
+            eqns, outputs, lambda shape, dtype: ir.Value(next(fl.ids), shape, dtype))
+        if merged:
+            fl.rewritten[merged_products.MERGED] = merged
+    eqns = _live_eqns(eqns, outputs)
     ops = tuple(
         ir.Op(i, e.primitive.name, e.inputs, e.outputs, _hashable_params(e.params) + _extra_params(e))
         for i, e in enumerate(eqns)

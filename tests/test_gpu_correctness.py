@@ -40,6 +40,7 @@ from test_prng import CASES as PRNG_CASES, case_inputs as prng_inputs
 from test_pipeline_cpu import bias_grads_then_adam
 from test_transforms import COMPOSITIONS, CONTROL_FLOW, FUNS, MIN_KERNELS, stitched_kernels
 from test_wide_scatter import embedding_grad, widened
+from test_merged_products import swiglu_grads
 from test_recompute import (RESIDUAL_SPECS, SHARED_SPECS, SPECS as RECOMPUTE_SPECS, norm_across_a_dot,
                             readers_left_to_xla, residual_norm_across_a_dot, shared_leaf_across_a_dot)
 from jaxstitch.ops import VARIADIC
@@ -924,6 +925,29 @@ def test_recomputed_chains_match_xla(name, dtype):
         compare(a, c, f"{what} output {i}", lossy=dtype)
     for i, (a, c) in enumerate(zip(jax.tree.leaves(declined), want)):
         compare(a, c, f"{what} output {i} (reader left to XLA)", lossy=dtype)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_merged_products_match_xla(dtype):
+    """A SwiGLU MLP's gradients, its products merged over concatenations in bfloat16
+    (merged_products.py; in float32 the weights are read as they are and nothing merges), forced
+    and as planned, against jax.jit."""
+    f32 = jnp.float32
+    specs = [jax.ShapeDtypeStruct((1031, 256), DTYPES[dtype]), jax.ShapeDtypeStruct((256, 512), f32),
+             jax.ShapeDtypeStruct((256, 512), f32), jax.ShapeDtypeStruct((512, 256), f32)]
+    seed = (RUN_SEED + zlib.crc32(f"merged/{dtype}".encode())) % (1 << 63)
+    args = random_inputs(specs, seed)
+    what = _msg(f"swiglu_grads {dtype}", seed)
+    assert ("matrix products merged" in str(jaxstitch.explain(swiglu_grads, *args))) == (dtype == "bfloat16")
+    # (the products in float32 on both sides, not TF32, whose input rounding a last-bit difference flips)
+    with jax.default_matmul_precision("float32"):
+        want = jax.tree.leaves(jax.block_until_ready(jax.jit(swiglu_grads)(*args)))
+        with force_stitching():
+            _, forced = run_stitched(swiglu_grads, args, what + " (forced)")
+        _, planned = run_stitched(swiglu_grads, args, what)
+    for label, got in (("forced", forced), ("planned", planned)):
+        for i, (a, c) in enumerate(zip(jax.tree.leaves(got), want)):
+            compare(a, c, f"{what} output {i} ({label})", lossy=dtype)
 
 
 MASK_CASES = dict(POSITIONAL_CASES, attention_grad=(causal_attention_grad, (jax.ShapeDtypeStruct((3, 5, 72, 72), jnp.float32),
