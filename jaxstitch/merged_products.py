@@ -219,7 +219,8 @@ def _rewrite(eqns, groups, new_value) -> list | None:
             shape = list(parts[0].shape)
             shape[axis] = sum(p.shape[axis] for p in parts)
             v = new_value(tuple(shape), parts[0].dtype)
-            added.append((min(g.dots), _eqn(eqns[g.dots[0]], lax.concatenate_p, {"dimension": axis}, parts, (v,))))
+            cat = _eqn(eqns[g.dots[0]], lax.concatenate_p, {"dimension": axis}, parts, (v,))
+            added.append((min(g.dots), dataclasses.replace(cat, for_products=True)))
             concat_of[key] = v
         return concat_of[key]
 
@@ -262,7 +263,7 @@ def _rewrite(eqns, groups, new_value) -> list | None:
 
 def _eqn(like, primitive, params, inputs, outputs):
     return dataclasses.replace(like, primitive=primitive, params=dict(params), inputs=tuple(inputs),
-                               outputs=tuple(outputs), effectful=False)
+                               outputs=tuple(outputs), effectful=False, for_products=False)
 
 
 def _topological(keyed: list[tuple[int, object]]) -> list | None:

@@ -33,6 +33,9 @@ class Eqn:
     inputs: tuple[ir.Atom, ...]
     outputs: tuple[ir.Value, ...]
     effectful: bool = False
+    # a concatenation merged_products.py made for products to read: XLA would copy it in a kernel of
+    # its own after writing its operands, so only our kernel writing it pays (plan/cost.py)
+    for_products: bool = False
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -277,7 +280,8 @@ def _flatten(closed, scatters: bool = True, wide_scatters: bool = True,
 
 def _extra_params(eqn: Eqn) -> tuple[tuple[str, Any], ...]:
     """Params `_hashable_params` cannot keep as they are: a scan's sizes, a dot_general's dimension
-    numbers (as tuples of ints: plan/scan.py reads them) and a variadic reduce's (`_reduce_params`)."""
+    numbers (as tuples of ints: plan/scan.py reads them), a variadic reduce's (`_reduce_params`), and
+    which concatenations merged_products.py wrote (Eqn.for_products)."""
     if eqn.primitive.name == "scan":
         parts = scan_parts(eqn)
         if parts is None:
@@ -288,6 +292,8 @@ def _extra_params(eqn: Eqn) -> tuple[tuple[str, Any], ...]:
         (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
         return (("dimension_numbers", tuple(tuple(tuple(int(d) for d in x) for x in pair)
                                             for pair in ((lc, rc), (lb, rb)))),)
+    if eqn.for_products:
+        return (("for_products", True),)
     return _reduce_params(eqn)
 
 
