@@ -181,14 +181,14 @@ class _Flattener:
 
 
 def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None = None,
-          scatters: bool = True, wide_scatters: bool = True, merge_products: bool = True) -> Traced:
+          scatters: bool = True, wide_scatters: bool = True, merge_products: bool = False) -> Traced:
     """Trace `fun(*args, **kwargs)` given the dynamic leaves of `(args, kwargs)` (arrays, tracers or
     ShapeDtypeStructs); `static` maps the positions of the other leaves to their Python values.
     `scatters`: write a scatter-add of one value per row into a fill out as a select (row_scatter.py;
     JAXSTITCH_TUNE's scatters=0 keeps it a scatter); `wide_scatters`: a half-precision scatter-add
     into a fill in float32 (wide_scatter.py; wide_scatters=0 keeps XLA's); `merge_products`: matrix
     products sharing an operand, or summed, as one product of concatenations where those are free
-    (merged_products.py; merge_products=0 keeps them as written)."""
+    (merged_products.py; JAXSTITCH_TUNE's merge_products=1)."""
     out_tree_box = []
     static = static or {}
     n_leaves = len(flat_args) + len(static)

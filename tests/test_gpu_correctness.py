@@ -928,16 +928,17 @@ def test_recomputed_chains_match_xla(name, dtype):
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_merged_products_match_xla(dtype):
+def test_merged_products_match_xla(monkeypatch, dtype):
     """A SwiGLU MLP's gradients, its products merged over concatenations in bfloat16
-    (merged_products.py; in float32 the weights are read as they are and nothing merges), forced
-    and as planned, against jax.jit."""
+    (merged_products.py, JAXSTITCH_TUNE=merge_products=1; in float32 the weights are read as they
+    are and nothing merges), forced and as planned, against jax.jit."""
     f32 = jnp.float32
     specs = [jax.ShapeDtypeStruct((1031, 256), DTYPES[dtype]), jax.ShapeDtypeStruct((256, 512), f32),
              jax.ShapeDtypeStruct((256, 512), f32), jax.ShapeDtypeStruct((512, 256), f32)]
     seed = (RUN_SEED + zlib.crc32(f"merged/{dtype}".encode())) % (1 << 63)
     args = random_inputs(specs, seed)
     what = _msg(f"swiglu_grads {dtype}", seed)
+    monkeypatch.setenv("JAXSTITCH_TUNE", "merge_products=1")
     assert ("matrix products merged" in str(jaxstitch.explain(swiglu_grads, *args))) == (dtype == "bfloat16")
     # (the products in float32 on both sides, not TF32, whose input rounding a last-bit difference flips)
     with jax.default_matmul_precision("float32"):

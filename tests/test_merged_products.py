@@ -4,7 +4,9 @@ A SwiGLU MLP in bfloat16 has three mergeable groups: the forward's gate and up p
 shared, weights converted to bfloat16), the backward's weight gradients (the input shared) and the
 input's gradient (a sum of two products). Each merge reads a concatenation that the ops making its
 operands write instead of the operands, so each group must have operands made by such ops and read
-by nothing else; the tests below check both the merges and the cases left alone.
+by nothing else; the tests below check both the merges and the cases left alone. XLA copies such a
+concatenation after writing its operands, so the region holding it must be ours. Off by default
+(JAXSTITCH_TUNE=merge_products=1).
 """
 from __future__ import annotations
 
@@ -37,7 +39,10 @@ def _specs(dtype):
     return [S((64, 32), dtype), S((32, 48), jnp.float32), S((32, 48), jnp.float32), S((48, 32), jnp.float32)]
 
 
-def _traced(monkeypatch, fun, specs, tune=""):
+ON = "merge_products=1"
+
+
+def _traced(monkeypatch, fun, specs, tune=ON):
     monkeypatch.setenv("JAXSTITCH_TUNE", tune)
     tree = jax.tree_util.tree_structure((tuple(specs), {}))
     return pipeline.build(fun, list(specs), tree, jaxstitch.get_target("h100"), config.load()).traced
@@ -61,8 +66,9 @@ def test_swiglu_backward_merges_three_groups(monkeypatch):
     assert sorted(op.outputs[0].shape for op in concats) == [(32, 96), (64, 96)]
 
 
-def test_merge_products_off_keeps_every_product(monkeypatch):
-    traced = _traced(monkeypatch, swiglu_grads, _specs(jnp.bfloat16), tune="merge_products=0")
+@pytest.mark.parametrize("tune", ["merge_products=0", ""])
+def test_merge_products_off_keeps_every_product(monkeypatch, tune):
+    traced = _traced(monkeypatch, swiglu_grads, _specs(jnp.bfloat16), tune=tune)
     assert _merged(traced) == 0
     assert _products(traced) == 9
     assert not any(op.prim == "concatenate" for op in traced.graph.ops)
@@ -76,7 +82,8 @@ def test_float32_weights_read_as_they_are_are_not_concatenated(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
-def test_merged_products_give_jax_jit_results(dtype, tol):
+def test_merged_products_give_jax_jit_results(monkeypatch, dtype, tol):
+    monkeypatch.setenv("JAXSTITCH_TUNE", ON)
     args = random_inputs(_specs(dtype), 3)
     with force_stitching():
         got = jaxstitch.jit(swiglu_grads, target="h100")(*args)
@@ -97,7 +104,7 @@ SHARED = [S((16, 8), jnp.float32), S((8, 12), jnp.float32), S((8, 12), jnp.float
 
 
 def test_products_sharing_an_operand_merge_where_their_operands_are_made_for_them(monkeypatch):
-    traced = _traced(monkeypatch, shared_operand, SHARED)
+    traced = _traced(monkeypatch, shared_operand, SHARED)  # (sets JAXSTITCH_TUNE for the call below too)
     assert _merged(traced) == 1
     args = random_inputs(SHARED, 4)
     with force_stitching():
@@ -153,6 +160,22 @@ def test_a_sum_with_other_terms_keeps_them(monkeypatch):
     np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(made)(*args)), rtol=1e-5, atol=1e-5)
 
 
-def test_explain_names_the_merge():
+def test_the_region_writing_a_merged_concatenation_is_ours(monkeypatch):
+    """XLA would write dg and du and copy them: the estimate counts that copy, and the region that
+    makes [dg | du] is stitched even though XLA would run the rest of it as one kernel."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", ON)
+    specs = [S((4096, 768), jnp.bfloat16), S((768, 2048), jnp.float32), S((768, 2048), jnp.float32),
+             S((2048, 768), jnp.float32)]
+    tree = jax.tree_util.tree_structure((tuple(specs), {}))
+    program = pipeline.build(swiglu_grads, specs, tree, jaxstitch.get_target("h100"), config.load())
+    (grads,) = [c for c in program.regions if c.plan.region.outputs and
+                any(op.prim == "concatenate" and op.outputs[0].shape == (4096, 4096) for op in c.plan.region.ops)]
+    est = grads.plan.estimate
+    assert grads.stitched, grads.reason
+    assert est.xla_kernels == 2 and est.xla_bytes == est.bytes + 2 * 4096 * 4096 * 2
+
+
+def test_explain_names_the_merge(monkeypatch):
+    monkeypatch.setenv("JAXSTITCH_TUNE", ON)
     text = str(jaxstitch.explain(swiglu_grads, *_specs(jnp.bfloat16), target="h100"))
     assert "3 matrix products merged" in text
