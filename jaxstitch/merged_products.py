@@ -8,7 +8,7 @@ own, since dx's products read each of them too, and it never joins a sum. GPT bf
 us), where the three move ~28 us of bytes at the bandwidth.
 
 Written here before partitioning, the products read concatenations: [dg | du] is made by the ops
-that made dg and du (one kernel, ours or XLA's), and no one reads dg or du alone any more;
+that made dg and du (in one kernel of ours, see below), and no one reads dg or du alone any more;
 dW = x^T [dg | du], cut in two, and dx = [dg | du] [Wg | Wu]^T, one product whose sum runs in its
 accumulator and is rounded once, where jax.jit rounds each product and then their sum.
 
@@ -97,8 +97,8 @@ def _free_axes(e, side: int) -> tuple[int, ...]:
 
 def _alike(a, b, skip: int | None = None) -> bool:
     """Same params and operand types (the operand at `skip` aside: the shared one)."""
-    return a.params == b.params and all(
-        k == skip or (x.shape, x.dtype) == (y.shape, y.dtype) for k, (x, y) in enumerate(zip(a.inputs, b.inputs)))
+    return a.params == b.params and all(k == skip or (x.shape, x.dtype) == (y.shape, y.dtype)
+                                        for k, (x, y) in enumerate(zip(a.inputs, b.inputs)))
 
 
 def _summed_groups(eqns, users, producer, out_ids) -> list[_Group]:
@@ -248,7 +248,7 @@ def _rewrite(eqns, groups, new_value) -> list | None:
                 v = nxt
             continue
         side = 1 - g.shared
-        lc, rc, lb, rb = _dims(first)
+        _, _, lb, _ = _dims(first)
         free = _free_axes(first, side)
         at = len(lb) + (0 if side == 0 else len(_free_axes(first, 0))) + free.index(g.axes[side])
         shape = list(out.shape)
@@ -261,8 +261,8 @@ def _rewrite(eqns, groups, new_value) -> list | None:
             lo, hi = [0] * len(shape), list(shape)
             lo[at], hi[at] = start, start + o.shape[at]
             start += o.shape[at]
-            added.append((max(g.dots), _eqn(first, lax.slice_p, {"start_indices": tuple(lo), "limit_indices": tuple(hi),
-                                                                   "strides": None}, (merged,), (o,))))
+            cut = {"start_indices": tuple(lo), "limit_indices": tuple(hi), "strides": None}
+            added.append((max(g.dots), _eqn(first, lax.slice_p, cut, (merged,), (o,))))
     kept = [(i, e) for i, e in enumerate(eqns) if i not in removed]
     return _topological(kept + added)
 

@@ -168,8 +168,10 @@ def test_the_region_writing_a_merged_concatenation_is_ours(monkeypatch):
              S((2048, 768), jnp.float32)]
     tree = jax.tree_util.tree_structure((tuple(specs), {}))
     program = pipeline.build(swiglu_grads, specs, tree, jaxstitch.get_target("h100"), config.load())
-    (grads,) = [c for c in program.regions if c.plan.region.outputs and
-                any(op.prim == "concatenate" and op.outputs[0].shape == (4096, 4096) for op in c.plan.region.ops)]
+    def writes_dg_du(c):
+        return any(op.prim == "concatenate" and op.outputs[0].shape == (4096, 4096) for op in c.plan.region.ops)
+
+    (grads,) = [c for c in program.regions if writes_dg_du(c)]
     est = grads.plan.estimate
     assert grads.stitched, grads.reason
     assert est.xla_kernels == 2 and est.xla_bytes == est.bytes + 2 * 4096 * 4096 * 2

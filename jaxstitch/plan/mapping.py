@@ -91,8 +91,8 @@ class Tuning:
     update by update, instead of adding in float32 and rounding once (wide_scatter.py);
     `merge_products`: 1 writes matrix products that share an operand, or whose results are summed,
     as one product over concatenations their producers write (merged_products.py; 0, the default
-    until a whole step has been measured with it, keeps them as written); `cut_saving_us`: the estimated saving (in µs) a region cut from an unplannable neighbour needs
-    before it is stitched (planner.CUT_MIN_SAVING_US; a large value leaves every such region to XLA,
+    until a whole step has been measured with it, keeps them as written); `cut_saving_us`: the
+    estimated saving (in µs) a region cut from an unplannable neighbour needs before it is stitched (planner.CUT_MIN_SAVING_US; a large value leaves every such region to XLA,
     as before session 36); `cmd_buffers`: 0 launches our kernels between XLA's command buffers (CUDA
     graphs) instead of letting XLA trace them into one (kernels/ffi.py TARGET_PLAIN): in one process
     (session 37) slower for BERT in both dtypes and for GPT, faster within noise for DIEN, so 1
@@ -131,8 +131,8 @@ class Tuning:
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
-              "scan_sums", "pairs", "serpentine", "scatters", "wide_scatters", "merge_products", "cut_saving_us",
-              "cmd_buffers", "xla_kernels")
+              "scan_sums", "pairs", "serpentine", "scatters", "wide_scatters", "merge_products",
+              "cut_saving_us", "cmd_buffers", "xla_kernels")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":

@@ -269,7 +269,8 @@ def _estimate(kernel: KernelPlan, original: Region, target: Target) -> cost.Esti
                          xla_row_levels=kernel.xla_levels,
                          passes=kernel.passes, integer_ops=_integer_ops(region, layout),
                          xla_unfused=kernel.xla_unfused, xla_slow=cost.xla_slow_ns(region.ops, layout),
-                         xla_copied=sum(op.outputs[0].nbytes for op in original.ops if op.param("for_products")))
+                         xla_copied=sum(op.outputs[0].nbytes for op in original.ops
+                                        if op.param("for_products")))
 
 
 def _fewer_passes(region: Region, online, layout: Layout, tuning: mapping_mod.Tuning):
