@@ -103,14 +103,18 @@ def shared_operand(x, a, b, keep_a=False):
 SHARED = [S((16, 8), jnp.float32), S((8, 12), jnp.float32), S((8, 12), jnp.float32)]
 
 
-def test_products_sharing_an_operand_merge_where_their_operands_are_made_for_them(monkeypatch):
-    traced = _traced(monkeypatch, shared_operand, SHARED)  # (sets JAXSTITCH_TUNE for the call below too)
-    assert _merged(traced) == 1
-    args = random_inputs(SHARED, 4)
+def _merges_like_jax_jit(monkeypatch, fun, specs, merged: int, seed: int):
+    """`fun` traced with `merged` products merged, and its results, every region forced, jax.jit's."""
+    assert _merged(_traced(monkeypatch, fun, specs)) == merged  # (JAXSTITCH_TUNE stays set below)
+    args = random_inputs(specs, seed)
     with force_stitching():
-        got = jaxstitch.jit(shared_operand, target="h100")(*args)
-    for g, w in zip(got, jax.jit(shared_operand)(*args)):
+        got = jaxstitch.jit(fun, target="h100")(*args)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(fun)(*args))):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+
+
+def test_products_sharing_an_operand_merge_where_their_operands_are_made_for_them(monkeypatch):
+    _merges_like_jax_jit(monkeypatch, shared_operand, SHARED, merged=1, seed=4)
 
 
 def test_an_operand_read_elsewhere_is_not_concatenated(monkeypatch):
@@ -131,13 +135,7 @@ def test_a_product_reading_its_sibling_is_left_alone(monkeypatch):
         return y, x @ jnp.sin(y[:8, :12] + a)
 
     specs = [S((16, 8), jnp.float32), S((8, 12), jnp.float32)]
-    traced = _traced(monkeypatch, chained, specs)
-    assert _merged(traced) == 0
-    args = random_inputs(specs, 6)
-    with force_stitching():
-        got = jaxstitch.jit(chained, target="h100")(*args)
-    for g, w in zip(got, jax.jit(chained)(*args)):
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+    _merges_like_jax_jit(monkeypatch, chained, specs, merged=0, seed=6)
 
 
 def test_a_sum_with_other_terms_keeps_them(monkeypatch):
@@ -152,12 +150,7 @@ def test_a_sum_with_other_terms_keeps_them(monkeypatch):
     def made(x, y, p, q, z):
         return summed(jnp.tanh(x), jnp.exp(y), p, q, z)
 
-    traced = _traced(monkeypatch, made, specs)
-    assert _merged(traced) == 1
-    args = random_inputs(specs, 7)
-    with force_stitching():
-        got = jaxstitch.jit(made, target="h100")(*args)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(made)(*args)), rtol=1e-5, atol=1e-5)
+    _merges_like_jax_jit(monkeypatch, made, specs, merged=1, seed=7)
 
 
 def test_the_region_writing_a_merged_concatenation_is_ours(monkeypatch):
