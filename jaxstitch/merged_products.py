@@ -225,8 +225,9 @@ def _rewrite(eqns, groups, new_value) -> list | None:
             shape = list(parts[0].shape)
             shape[axis] = sum(p.shape[axis] for p in parts)
             v = new_value(tuple(shape), parts[0].dtype)
-            cat = _eqn(eqns[g.dots[0]], lax.concatenate_p, {"dimension": axis}, parts, (v,))
-            added.append((min(g.dots), dataclasses.replace(cat, for_products=True)))
+            cat = _eqn(eqns[g.dots[0]], lax.concatenate_p, {"dimension": axis}, parts, (v,),
+                       for_products=True)
+            added.append((min(g.dots), cat))
             concat_of[key] = v
         return concat_of[key]
 
@@ -267,9 +268,11 @@ def _rewrite(eqns, groups, new_value) -> list | None:
     return _topological(kept + added)
 
 
-def _eqn(like, primitive, params, inputs, outputs):
+def _eqn(like, primitive, params, inputs, outputs, for_products: bool = False):
+    """An equation like `like` (trace.Eqn) of `primitive` (`for_products`: a concatenation made for
+    the merged products, Eqn.for_products)."""
     return dataclasses.replace(like, primitive=primitive, params=dict(params), inputs=tuple(inputs),
-                               outputs=tuple(outputs), effectful=False, for_products=False)
+                               outputs=tuple(outputs), effectful=False, for_products=for_products)
 
 
 def _topological(keyed: list[tuple[int, object]]) -> list | None:

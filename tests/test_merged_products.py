@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import config, merged_products, pipeline
+from jaxstitch import merged_products
 from strategies import force_stitching, random_inputs
+from test_recompute import _program
 
 S = jax.ShapeDtypeStruct
 
@@ -43,9 +44,7 @@ ON = "merge_products=1"
 
 
 def _traced(monkeypatch, fun, specs, tune=ON):
-    monkeypatch.setenv("JAXSTITCH_TUNE", tune)
-    tree = jax.tree_util.tree_structure((tuple(specs), {}))
-    return pipeline.build(fun, list(specs), tree, jaxstitch.get_target("h100"), config.load()).traced
+    return _program(monkeypatch, tune, fun, specs).traced
 
 
 def _products(traced) -> int:
@@ -156,11 +155,10 @@ def test_a_sum_with_other_terms_keeps_them(monkeypatch):
 def test_the_region_writing_a_merged_concatenation_is_ours(monkeypatch):
     """XLA would write dg and du and copy them: the estimate counts that copy, and the region that
     makes [dg | du] is stitched even though XLA would run the rest of it as one kernel."""
-    monkeypatch.setenv("JAXSTITCH_TUNE", ON)
     specs = [S((4096, 768), jnp.bfloat16), S((768, 2048), jnp.float32), S((768, 2048), jnp.float32),
              S((2048, 768), jnp.float32)]
-    tree = jax.tree_util.tree_structure((tuple(specs), {}))
-    program = pipeline.build(swiglu_grads, specs, tree, jaxstitch.get_target("h100"), config.load())
+    program = _program(monkeypatch, ON, swiglu_grads, specs)
+
     def writes_dg_du(c):
         return any(op.prim == "concatenate" and op.outputs[0].shape == (4096, 4096) for op in c.plan.region.ops)
 
