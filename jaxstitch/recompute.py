@@ -119,8 +119,10 @@ def _export_leaves(regions: tuple[Region, ...]) -> tuple[Region, ...]:
 
 
 def _cheap(op: ir.Op) -> bool:
-    return (op.prim in opdefs.ELEMENTWISE or op.prim in opdefs.LAYOUT or op.prim in opdefs.SOURCES) \
-        and opdefs.unsupported_reason(op) is None
+    """Elementwise, layout and source ops, and slices (a kernel reads a slice's elements of its
+    operand in place: plan/views.py)."""
+    return (op.prim in opdefs.ELEMENTWISE or op.prim in opdefs.LAYOUT or op.prim in opdefs.SOURCES
+            or op.prim == "slice") and opdefs.unsupported_reason(op) is None
 
 
 def _chain(v: ir.Value, producer: dict, own: set[int], read: set[ir.Value]) -> list[ir.Op]:
@@ -143,8 +145,8 @@ def _chain(v: ir.Value, producer: dict, own: set[int], read: set[ir.Value]) -> l
                 continue
             if a.shape and positions.positional(a, producer):
                 chain.update((c.index, c) for c in positions.cone(a, producer) if c.index not in own)
-            elif a.size >= v.size and a.itemsize >= v.itemsize:
-                stack.append(a)
+            elif a.size >= v.size and a.itemsize >= v.itemsize and op.prim != "slice":
+                stack.append(a)  # (a slice's operand is read, at the slice's elements alone)
     return sorted(chain.values(), key=lambda op: op.index)
 
 
@@ -197,8 +199,19 @@ def _adopt_shared_leaves(r: Region, producer: dict, hidden: set[ir.Value], sole:
 
 
 def _new_bytes(candidate: Region, r: Region, hidden: set[ir.Value]) -> int:
-    """What `candidate` reads that `r` did not; a leaf no kernel writes yet costs its write too."""
-    return sum(a.size * a.itemsize * (2 if a in hidden else 1) for a in candidate.inputs if a not in r.inputs)
+    """What `candidate` reads that `r` did not (of an input read only through slices, their
+    elements); a leaf no kernel writes yet costs its write too."""
+    return sum(_read_bytes(a, candidate) * (2 if a in hidden else 1)
+               for a in candidate.inputs if a not in r.inputs)
+
+
+def _read_bytes(a: ir.Value, r: Region) -> int:
+    """The bytes of `a` that `r`'s kernel loads: the slices' elements where only slices read it
+    (a SwiGLU's gate and up halves of one product), else all of it."""
+    readers = [op for op in r.ops if a in op.inputs]
+    if readers and all(op.prim == "slice" for op in readers):
+        return min(a.size, sum(op.outputs[0].size for op in readers)) * a.itemsize
+    return a.size * a.itemsize
 
 
 def _bytes_of(v: ir.Value, sole: set[ir.Value]) -> int:

@@ -41,8 +41,9 @@ from test_pipeline_cpu import bias_grads_then_adam
 from test_transforms import COMPOSITIONS, CONTROL_FLOW, FUNS, MIN_KERNELS, stitched_kernels
 from test_wide_scatter import embedding_grad, widened
 from test_merged_products import swiglu_grads
-from test_recompute import (RESIDUAL_SPECS, SHARED_SPECS, SPECS as RECOMPUTE_SPECS, norm_across_a_dot,
-                            readers_left_to_xla, residual_norm_across_a_dot, shared_leaf_across_a_dot)
+from test_recompute import (RESIDUAL_SPECS, SHARED_SPECS, SLICED_SPECS, SPECS as RECOMPUTE_SPECS,
+                            halves_across_a_dot, norm_across_a_dot, readers_left_to_xla,
+                            residual_norm_across_a_dot, shared_leaf_across_a_dot)
 from jaxstitch.ops import VARIADIC
 from jaxstitch.ops import SCANS
 from jaxstitch.workloads import TOP_P
@@ -903,14 +904,16 @@ def test_inputs_spread_over_rows_match_xla(name, dtype):
 
 RECOMPUTE_CASES = {"norm_across_a_dot": (norm_across_a_dot, RECOMPUTE_SPECS),
                    "residual_norm_across_a_dot": (residual_norm_across_a_dot, RESIDUAL_SPECS),
-                   "shared_leaf_across_a_dot": (shared_leaf_across_a_dot, SHARED_SPECS)}
+                   "shared_leaf_across_a_dot": (shared_leaf_across_a_dot, SHARED_SPECS),
+                   "halves_across_a_dot": (halves_across_a_dot, SLICED_SPECS)}
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", sorted(RECOMPUTE_CASES))
 def test_recomputed_chains_match_xla(name, dtype):
-    """A region after a matrix product that takes in `f32(x) - mean` (and `2 * x`: recompute.py)
-    rather than read it, its producer writing x instead, forced, against jax.jit; then the same
+    """A region after a matrix product that takes in `f32(x) - mean` (and `2 * x`, or the slices of
+    a wider value: recompute.py) rather than read it, its producer writing x instead (or nothing),
+    forced, against jax.jit; then the same
     with that region left to XLA, which rebuilds the values the stitched producer no longer writes."""
     fun, specs = RECOMPUTE_CASES[name]
     # (the product in float32 on both sides, not TF32, whose input rounding a last-bit difference
@@ -918,7 +921,7 @@ def test_recomputed_chains_match_xla(name, dtype):
     # dtype's tolerance)
     with jax.default_matmul_precision("float32"):
         what, args, got, want = forced_case("recompute", name, dtype, fun, lambda s: view_inputs(specs, s),
-                                            {"sub"})
+                                            {"sub", "slice"})
         with readers_left_to_xla():
             _, declined = run_stitched(fun, args, what + " (reader left to XLA)")
     for i, (a, c) in enumerate(zip(got, want)):

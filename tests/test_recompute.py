@@ -166,3 +166,41 @@ def test_residual_regions_give_jax_jit_results(monkeypatch, tune, declined, fun,
     want = jax.jit(fun)(*args)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g, np.float32), np.asarray(w, np.float32), rtol=1e-5, atol=1e-5)
+
+
+SLICED_SPECS = [S((512, 256), jnp.bfloat16), S((128, 128), jnp.bfloat16)]
+
+
+def halves_across_a_dot(z, w):
+    """A gated unit over the halves of one value (a SwiGLU's gate and up halves of one merged
+    product), the halves read again after the product."""
+    g, u = z[:, :128], z[:, 128:]
+    y = (jax.nn.silu(g) * u) @ w
+    return y * jax.nn.sigmoid(g) + u
+
+
+def test_a_region_reads_slices_where_their_value_is(monkeypatch):
+    """The region after the product reads z through the slices, at the slices' elements: the same
+    bytes as reading g and u, which no one need write any more (XLA fuses its own slices)."""
+    program = _program(monkeypatch, "", halves_across_a_dot, SLICED_SPECS)
+    dot = next(op for op in program.traced.graph.ops if op.prim == "dot_general")
+    (y,), h = dot.outputs, dot.inputs[0]
+    (after,) = [c.plan.region for c in program.regions if y in c.plan.region.inputs]
+    z = program.traced.graph.inputs[0]
+    assert z in after.inputs, after.inputs
+    assert not [v for v in after.inputs if v.shape == (512, 128) and v is not y], after.inputs
+    assert "slice" in {op.prim for op in after.ops if op.index in after.recomputed}
+    before = [c.plan.region for c in program.regions if c.plan.region is not after]
+    assert [o for r in before for o in r.outputs] == [h], "g and u still written"
+
+
+@pytest.mark.parametrize("tune", ["", "recompute=0"])
+@pytest.mark.parametrize("declined", [False, True])
+def test_sliced_regions_give_jax_jit_results(monkeypatch, tune, declined):
+    """Declined: XLA runs the region after the product, and slices z itself."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", tune)
+    args = random_inputs(SLICED_SPECS, 8)
+    with (readers_left_to_xla() if declined else force_stitching()):
+        got = jaxstitch.jit(halves_across_a_dot, target="h100")(*args)
+    want = jax.jit(halves_across_a_dot)(*args)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
