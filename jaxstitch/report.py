@@ -99,7 +99,9 @@ _WRITTEN_OUT = {"random_bits": "threefry's integer ops: prng.py",
                 "scatter-add in float32": "half precision into a fill, added in float32, rounded once: "
                                           "wide_scatter.py",
                 "matrix products merged": "into products of concatenations their producers write: "
-                                          "merged_products.py"}
+                                          "merged_products.py",
+                "transposed products folded": "the product written with its operands swapped: "
+                                              "transposed_products.py"}
 
 
 def make_report(program: Program, cache: Stats | None = None, symbolic: bool = False,

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from . import ir, merged_products, prng, row_scatter, wide_scatter
+from . import ir, merged_products, prng, row_scatter, transposed_products, wide_scatter
 
 _INLINED = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
             "custom_vjp_call_jaxpr", "checkpoint", "remat")
@@ -188,7 +188,8 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
     JAXSTITCH_TUNE's scatters=0 keeps it a scatter); `wide_scatters`: a half-precision scatter-add
     into a fill in float32 (wide_scatter.py; wide_scatters=0 keeps XLA's); `merge_products`: matrix
     products sharing an operand, or summed, as one product of concatenations where those are free
-    (merged_products.py; JAXSTITCH_TUNE's merge_products=1)."""
+    (merged_products.py; JAXSTITCH_TUNE's merge_products=1), after transposes of products are folded
+    into them (transposed_products.py)."""
     out_tree_box = []
     static = static or {}
     n_leaves = len(flat_args) + len(static)
@@ -266,6 +267,9 @@ def _flatten(closed, scatters: bool = True, wide_scatters: bool = True,
     outputs = fl.run(closed.jaxpr, closed.consts, inputs)
     eqns = fl.eqns
     if merge_products:
+        eqns, folded = transposed_products.fold_transposes(eqns, outputs)
+        if folded:
+            fl.rewritten[transposed_products.FOLDED] = folded
         eqns, merged = merged_products.merge_products(
             eqns, outputs, lambda shape, dtype: ir.Value(next(fl.ids), shape, dtype))
         if merged:
