@@ -188,8 +188,8 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
     JAXSTITCH_TUNE's scatters=0 keeps it a scatter); `wide_scatters`: a half-precision scatter-add
     into a fill in float32 (wide_scatter.py; wide_scatters=0 keeps XLA's); `merge_products`: matrix
     products sharing an operand, or summed, as one product of concatenations where those are free
-    (merged_products.py; JAXSTITCH_TUNE's merge_products=1), after transposes of products are folded
-    into them (transposed_products.py)."""
+    (merged_products.py; JAXSTITCH_TUNE's merge_products=0 turns it off), after transposes of
+    products are folded into them (transposed_products.py)."""
     out_tree_box = []
     static = static or {}
     n_leaves = len(flat_args) + len(static)
@@ -267,19 +267,29 @@ def _flatten(closed, scatters: bool = True, wide_scatters: bool = True,
     outputs = fl.run(closed.jaxpr, closed.consts, inputs)
     eqns = fl.eqns
     if merge_products:
-        eqns, folded = transposed_products.fold_transposes(eqns, outputs)
-        if folded:
-            fl.rewritten[transposed_products.FOLDED] = folded
-        eqns, merged = merged_products.merge_products(
-            eqns, outputs, lambda shape, dtype: ir.Value(next(fl.ids), shape, dtype))
-        if merged:
-            fl.rewritten[merged_products.MERGED] = merged
+        eqns, written = _merged(eqns, outputs, fl.ids)
+        fl.rewritten.update(written)
     eqns = _live_eqns(eqns, outputs)
     ops = tuple(
         ir.Op(i, e.primitive.name, e.inputs, e.outputs, _hashable_params(e.params) + _extra_params(e))
         for i, e in enumerate(eqns)
     )
     return ir.Graph(inputs, tuple(outputs), ops), eqns, fl.consts, tuple(sorted(fl.rewritten.items()))
+
+
+def _merged(eqns: list[Eqn], outputs, ids) -> tuple[list[Eqn], dict[str, int]]:
+    """The equations with matrix products merged (merged_products.py), after transposes of products
+    are folded into them (transposed_products.py), and how many of each; unchanged where nothing
+    merges (XLA folds those transposes itself in a program without merged products)."""
+    folded_eqns, folded = transposed_products.fold_transposes(eqns, outputs)
+    merged_eqns, merged = merged_products.merge_products(
+        folded_eqns, outputs, lambda shape, dtype: ir.Value(next(ids), shape, dtype))
+    if not merged:
+        return eqns, {}
+    written = {merged_products.MERGED: merged}
+    if folded:
+        written[transposed_products.FOLDED] = folded
+    return merged_eqns, written
 
 
 def _extra_params(eqn: Eqn) -> tuple[tuple[str, Any], ...]:

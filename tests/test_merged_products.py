@@ -5,8 +5,8 @@ shared, weights converted to bfloat16), the backward's weight gradients (the inp
 input's gradient (a sum of two products). Each merge reads a concatenation that the ops making its
 operands write instead of the operands, so each group must have operands made by such ops and read
 by nothing else; the tests below check both the merges and the cases left alone. XLA copies such a
-concatenation after writing its operands, so the region holding it must be ours. Off by default
-(JAXSTITCH_TUNE=merge_products=1).
+concatenation after writing its operands, so the region holding it must be ours. On by default
+(JAXSTITCH_TUNE=merge_products=0 turns it off).
 """
 from __future__ import annotations
 
@@ -65,9 +65,12 @@ def test_swiglu_backward_merges_three_groups(monkeypatch):
     assert sorted(op.outputs[0].shape for op in concats) == [(32, 96), (64, 96)]
 
 
-@pytest.mark.parametrize("tune", ["merge_products=0", ""])
-def test_merge_products_off_keeps_every_product(monkeypatch, tune):
-    traced = _traced(monkeypatch, swiglu_grads, _specs(jnp.bfloat16), tune=tune)
+def test_merge_products_is_on_by_default(monkeypatch):
+    assert _merged(_traced(monkeypatch, swiglu_grads, _specs(jnp.bfloat16), tune="")) == 3
+
+
+def test_merge_products_off_keeps_every_product(monkeypatch):
+    traced = _traced(monkeypatch, swiglu_grads, _specs(jnp.bfloat16), tune="merge_products=0")
     assert _merged(traced) == 0
     assert _products(traced) == 9
     assert not any(op.prim == "concatenate" for op in traced.graph.ops)
