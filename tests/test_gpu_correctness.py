@@ -913,8 +913,8 @@ RECOMPUTE_CASES = {"norm_across_a_dot": (norm_across_a_dot, RECOMPUTE_SPECS),
 def test_recomputed_chains_match_xla(name, dtype):
     """A region after a matrix product that takes in `f32(x) - mean` (and `2 * x`, or the slices of
     a wider value: recompute.py) rather than read it, its producer writing x instead (or nothing),
-    forced, against jax.jit; then the same
-    with that region left to XLA, which rebuilds the values the stitched producer no longer writes."""
+    forced, against jax.jit; then the same with that region left to XLA, which rebuilds the values
+    the stitched producer no longer writes."""
     fun, specs = RECOMPUTE_CASES[name]
     # (the product in float32 on both sides, not TF32, whose input rounding a last-bit difference
     # flips; a float32 output computed from the product's half-precision result is held to that

@@ -8,7 +8,8 @@ Where `x` is itself made inside the forward region (a residual sum, as in a tran
 norm), taking the chain in makes the forward pass write `x` where it wrote `h`: worth it only
 counting the write of `h`, which the region after the product alone reads (recompute=2). In
 float32 `x` is as wide as `h`, and the region after the product reads `x - mean` and `2 * x`: each
-chain alone costs as much as it saves, the two together share `x`.
+chain alone costs as much as it saves, the two together share `x`. A region reading the halves of
+one value (a merged product's gate and up halves) reads them in place, through the slices.
 """
 from __future__ import annotations
 
