@@ -97,7 +97,7 @@ def _recomputable_from(v: ir.Value, inputs: set[ir.Value], producer: dict) -> bo
         if val in inputs:
             continue
         op = producer.get(val.id)
-        if op is None or not _cheap(op) or op.prim in opdefs.SOURCES:
+        if op is None or not rebuildable(op):
             return False
         ops.add(op.index)
         if len(ops) > MAX_CHAIN_OPS:
@@ -123,6 +123,12 @@ def _cheap(op: ir.Op) -> bool:
     operand in place: plan/views.py)."""
     return (op.prim in opdefs.ELEMENTWISE or op.prim in opdefs.LAYOUT or op.prim in opdefs.SOURCES
             or op.prim == "slice") and opdefs.unsupported_reason(op) is None
+
+
+def rebuildable(op: ir.Op) -> bool:
+    """A cheap op computing from operands (not a source): its result need not be written where its
+    readers recompute it, and the stitcher runs it again for a reader left to XLA."""
+    return _cheap(op) and op.prim not in opdefs.SOURCES
 
 
 def _chain(v: ir.Value, producer: dict, own: set[int], read: set[ir.Value]) -> list[ir.Op]:

@@ -9,7 +9,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from . import families, ir, ops as opdefs, trace as trace_mod
+from . import families, ir, recompute, trace as trace_mod
 from .config import Config
 from .kernels import cache, ffi, nvrtc, xla_kernel
 from .lowering.codegen import KERNEL_NAME
@@ -167,11 +167,11 @@ def make_runner(program: Program, context: Context, donated: frozenset[int] = fr
                     outs = trace_mod.bind_eqn(traced.eqns[op.index], [read(x) for x in op.inputs])
                     env.update((v.id, o) for v, o in zip(op.outputs, outs))
             elif a.id not in env:
-                # (a gather's operand, or a value a declined region reads: a cheap chain of
-                # elementwise, layout and slice ops of a region's inputs, which no kernel wrote:
-                # recompute._drop_unread; its ops run here, for XLA to fuse into their reader)
+                # (a gather's operand, or a value a declined region reads: a cheap chain of a
+                # region's inputs, which no kernel wrote: recompute._drop_unread; its ops run
+                # here, for XLA to fuse into their reader)
                 op = producer[a.id]
-                if op.prim not in opdefs.ELEMENTWISE and not opdefs.is_layout(op) and op.prim != "slice":
+                if not recompute.rebuildable(op):
                     raise RuntimeError(f"jaxstitch: {op.prim}'s result was not written (a partitioning bug)")
                 outs = trace_mod.bind_eqn(traced.eqns[op.index], [read(x) for x in op.inputs])
                 env.update((v.id, o) for v, o in zip(op.outputs, outs))

@@ -23,18 +23,16 @@ def _folded(traced) -> int:
     return dict(traced.rewritten).get(transposed_products.FOLDED, 0)
 
 
-def _transposed_products(ops) -> int:
-    made_by = {o.id: op for op in ops for o in op.outputs}
-    prim = lambda op: getattr(op, "prim", None) or op.primitive.name  # (ir.Op or trace.Eqn)
-    return sum(prim(op) == "transpose" and op.inputs[0].id in made_by
-               and prim(made_by[op.inputs[0].id]) == "dot_general" for op in ops)
+def _transposed_products(eqns) -> int:
+    made_by = {o.id: e.primitive.name for e in eqns for o in e.outputs}
+    return sum(e.primitive.name == "transpose" and made_by.get(e.inputs[0].id) == "dot_general" for e in eqns)
 
 
 def test_a_merged_programs_weight_gradients_are_written_in_the_weights_layout(monkeypatch):
     as_written = _traced(monkeypatch, swiglu_grads, swiglu_specs(jnp.bfloat16), tune="merge_products=0")
-    assert _transposed_products(as_written.graph.ops) == 3  # dWg, dWu, dWd
+    assert _transposed_products(as_written.eqns) == 3  # dWg, dWu, dWd
     traced = _traced(monkeypatch, swiglu_grads, swiglu_specs(jnp.bfloat16), tune="")
-    assert _folded(traced) == 3 and _transposed_products(traced.graph.ops) == 0
+    assert _folded(traced) == 3 and _transposed_products(traced.eqns) == 0
     (dwd,) = [op for op in traced.graph.ops if op.prim == "dot_general" and op.outputs[0].shape == (48, 32)]
     assert [a.shape for a in dwd.inputs] == [(64, 48), (64, 32)]  # h first, then the cotangent
 
@@ -49,7 +47,7 @@ DENSE = [S((8, 16, 24), jnp.float32), S((24, 32), jnp.float32)]
 
 def test_nothing_folds_where_nothing_merges(monkeypatch):
     traced = _traced(monkeypatch, dense_grads, DENSE, tune="")
-    assert _folded(traced) == 0 and _transposed_products(traced.graph.ops) == 1
+    assert _folded(traced) == 0 and _transposed_products(traced.eqns) == 1
 
 
 def _fold(fun, specs, seed: int):

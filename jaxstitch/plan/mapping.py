@@ -89,18 +89,19 @@ class Tuning:
     instead of the select it is (row_scatter.py); `wide_scatters`: 0 keeps a half-precision
     scatter-add into a fill (an embedding's gradient) XLA's, added and rounded in the half type
     update by update, instead of adding in float32 and rounding once (wide_scatter.py);
-    `merge_products`: 1 (the default) writes matrix products that share an operand, or whose results
-    are summed, as one product over concatenations their producers write, and in such a program
-    folds transposes of products into them (merged_products.py, transposed_products.py; GPT
-    bfloat16, H100, session 42: 12.19 -> 11.64 ms busy); 0 keeps them as written; `cut_saving_us`: the
-    estimated saving (in µs) a region cut from an unplannable neighbour needs before it is stitched (planner.CUT_MIN_SAVING_US; a large value leaves every such region to XLA,
-    as before session 36); `cmd_buffers`: 0 launches our kernels between XLA's command buffers (CUDA
-    graphs) instead of letting XLA trace them into one (kernels/ffi.py TARGET_PLAIN): in one process
-    (session 37) slower for BERT in both dtypes and for GPT, faster within noise for DIEN, so 1
-    stays the default; `xla_kernels`: 1 hands kernels the launcher is not needed for to XLA's own
-    kernel call as PTX (kernels/xla_kernel.py), which XLA records into its graphs as kernel nodes; 0
-    (the default: session 38 measured no gain on BERT's or GPT's step) launches every kernel through
-    the launcher."""
+    `merge_products`: 1 (the default) writes matrix products that share an operand, or whose
+    results are summed, as one product over concatenations their producers write, and in such a
+    program folds transposes of products into them (merged_products.py, transposed_products.py;
+    GPT bfloat16, H100, session 42: 12.19 -> 11.64 ms busy); 0 keeps them as written;
+    `cut_saving_us`: the estimated saving (in µs) a region cut from an unplannable neighbour needs
+    before it is stitched (planner.CUT_MIN_SAVING_US; a large value leaves every such region to
+    XLA, as before session 36); `cmd_buffers`: 0 launches our kernels between XLA's command buffers
+    (CUDA graphs) instead of letting XLA trace them into one (kernels/ffi.py TARGET_PLAIN): in one
+    process (session 37) slower for BERT in both dtypes and for GPT, faster within noise for DIEN,
+    so 1 stays the default; `xla_kernels`: 1 hands kernels the launcher is not needed for to XLA's
+    own kernel call as PTX (kernels/xla_kernel.py), which XLA records into its graphs as kernel
+    nodes; 0 (the default: session 38 measured no gain on BERT's or GPT's step) launches every
+    kernel through the launcher."""
 
     max_tpr: int = 1024
     elems: int | None = None
