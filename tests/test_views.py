@@ -436,3 +436,17 @@ def test_gather_index_merges_contiguous_axes(dims):
         want = sum(int(d) * s for d, (_, s) in zip(digits, dims))
         got = eval(c_code.replace("c", str(flat)).replace("/", "//"))  # (non-negative: C's / is //)
         assert got == want, (dims, flat, expr)
+
+
+@pytest.mark.parametrize("name,predicated", [("rows_stacked", True), ("three_pieces", False)])
+def test_a_concatenation_along_rows_loads_each_operand_in_its_own_rows_only(name, predicated, monkeypatch, tmp_path):
+    """An operand of a concatenation along rows is loaded only in the rows it fills (FlatView.bounds:
+    a predicate a row, the other rows' loads skipped, so each operand's bytes move once); along
+    columns every element still loads each operand, clamped."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", "min_gain_pct=0")
+    monkeypatch.setenv("JAXSTITCH_DUMP_DIR", str(tmp_path))
+    fun, specs = CASES[name]
+    jaxstitch.explain(fun, *specs, target="h100")
+    sources = [p.read_text() for p in tmp_path.glob("*.cu")]
+    assert sources
+    assert any("_in = (unsigned long long)" in s for s in sources) == predicated

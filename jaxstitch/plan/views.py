@@ -93,6 +93,11 @@ class FlatView:
     exact: bool
     dyn_limits: tuple[int, ...] = ()
     dyn_strides: tuple[int, ...] = ()
+    # Source axes whose index may leave the source (a concatenation's or pad's operand, `exact`
+    # False), each (const, coef over the view's axes, extent): index = const + coef . i. Where
+    # such an axis runs along rows only, the kernel loads nothing for rows outside it (the select
+    # discards those elements): a concatenation along rows reads each operand's bytes once.
+    bounds: tuple[tuple[int, tuple[int, ...], int], ...] = ()
 
 
 def contiguous_strides(shape) -> tuple[int, ...]:
@@ -129,7 +134,23 @@ def flat_view(a: Affine) -> FlatView:
         raise Unplannable(f"reading {a.source} as {a.shape} walks its minor axis with stride "
                           f"{strides[minor[-1]]} (a transpose): uncoalesced without shared-memory tiles")
     return FlatView(a.shape, offset, strides, math.prod(a.source), a.exact,
-                    tuple(t.limit for t in a.dyn), tuple(sum(t.coef[e] * cs[e] for e in src) for t in a.dyn))
+                    tuple(t.limit for t in a.dyn), tuple(sum(t.coef[e] * cs[e] for e in src) for t in a.dyn),
+                    () if a.exact else _bounds(a))
+
+
+def _bounds(a: Affine) -> tuple[tuple[int, tuple[int, ...], int], ...]:
+    """FlatView.bounds: the source axes whose index can leave [0, extent) over the view's shape
+    (axes with run-time offsets are clamped instead, so left out)."""
+    out = []
+    for e, extent in enumerate(a.source):
+        if any(t.coef[e] for t in a.dyn):
+            continue
+        coef = a.coef[e]
+        lo = a.const[e] + sum(min(0, c * (n - 1)) for c, n in zip(coef, a.shape))
+        hi = a.const[e] + sum(max(0, c * (n - 1)) for c, n in zip(coef, a.shape))
+        if lo < 0 or hi >= extent:
+            out.append((a.const[e], coef, extent))
+    return tuple(out)
 
 
 def _whole(view: FlatView) -> bool:
