@@ -299,3 +299,33 @@ def _topological(keyed: list[tuple[int, object]]) -> list | None:
             if waiting[r] == 0:
                 heapq.heappush(ready, (keyed[r][0], r))
     return out if len(out) == len(keyed) else None
+
+
+def mark_product_concatenations(eqns: Sequence, outputs: Sequence[ir.Atom]) -> tuple[list, int]:
+    """`eqns` with every concatenation that only products read (directly or through reshapes)
+    marked `for_products` like the ones merge_products writes, and how many were marked. XLA copies
+    those too: GPT's rotary backward concatenates dq, dk and dv for the q/k/v projection's products,
+    and XLA wrote the concatenation in the layout of the products making dq, dk and dv, then
+    transposed it for the weight gradient's (`input_concatenate_fusion` and `wrapped_transpose`, 12
+    each a step, in jax.jit's program as well; H100, session 43). Off by default
+    (`JAXSTITCH_TUNE=product_concats=1`): that region's kernel, the one it would make ours, needs 168
+    registers a thread with the GPU machines' NVRTC and is declined there anyway."""
+    users = collections.defaultdict(list)
+    for e in eqns:
+        for a in e.inputs:
+            if isinstance(a, ir.Value):
+                users[a.id].append(e)
+    out_ids = {a.id for a in outputs if isinstance(a, ir.Value)}
+
+    def only_products(v) -> bool:
+        if v.id in out_ids or not users[v.id]:
+            return False
+        return all(_is_product(u) or (u.primitive.name == "reshape" and only_products(u.outputs[0]))
+                   for u in users[v.id])
+
+    marked = [i for i, e in enumerate(eqns) if e.primitive.name == "concatenate" and not e.for_products
+              and only_products(e.outputs[0])]
+    out = list(eqns)
+    for i in marked:
+        out[i] = dataclasses.replace(out[i], for_products=True)
+    return out, len(marked)

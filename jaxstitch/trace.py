@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from . import ir, merged_products, prng, row_scatter, transposed_products, wide_scatter
+from . import batched_products, ir, merged_products, prng, row_scatter, transposed_products, wide_scatter
 
 _INLINED = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
             "custom_vjp_call_jaxpr", "checkpoint", "remat")
@@ -33,8 +33,9 @@ class Eqn:
     inputs: tuple[ir.Atom, ...]
     outputs: tuple[ir.Value, ...]
     effectful: bool = False
-    # a concatenation merged_products.py made for products to read: XLA would copy it in a kernel of
-    # its own after writing its operands, so only our kernel writing it pays (plan/cost.py)
+    # a concatenation merged_products.py made for products to read (or, with product_concats, one
+    # it found only products read): XLA would copy it in a kernel of its own after writing its
+    # operands, so only our kernel writing it pays (plan/cost.py)
     for_products: bool = False
 
 
@@ -181,7 +182,8 @@ class _Flattener:
 
 
 def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None = None,
-          scatters: bool = True, wide_scatters: bool = True, merge_products: bool = False) -> Traced:
+          scatters: bool = True, wide_scatters: bool = True, merge_products: bool = False,
+          batched_folds: bool = False, product_concats: bool = False) -> Traced:
     """Trace `fun(*args, **kwargs)` given the dynamic leaves of `(args, kwargs)` (arrays, tracers or
     ShapeDtypeStructs); `static` maps the positions of the other leaves to their Python values.
     `scatters`: write a scatter-add of one value per row into a fill out as a select (row_scatter.py;
@@ -189,7 +191,9 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
     into a fill in float32 (wide_scatter.py; wide_scatters=0 keeps XLA's); `merge_products`: matrix
     products sharing an operand, or summed, as one product of concatenations where those are free
     (merged_products.py; JAXSTITCH_TUNE's merge_products=0 turns it off), after transposes of
-    products are folded into them (transposed_products.py)."""
+    products are folded into them (transposed_products.py); `batched_folds`: batched products'
+    transposes of the minor axis folded into them (batched_products.py); `product_concats`: every
+    concatenation only products read counted as one XLA copies (merged_products.py)."""
     out_tree_box = []
     static = static or {}
     n_leaves = len(flat_args) + len(static)
@@ -204,7 +208,8 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
         return leaves
 
     closed = jax.make_jaxpr(flat_fun)(*flat_args)
-    graph, eqns, consts, rewritten = _flatten(closed, scatters, wide_scatters, merge_products)
+    graph, eqns, consts, rewritten = _flatten(closed, scatters, wide_scatters, merge_products,
+                                              batched_folds, product_concats)
     return Traced(graph, eqns, consts, out_tree_box[0], rewritten)
 
 
@@ -259,16 +264,24 @@ def positional_tree(args: Sequence[Any]):
 
 
 def _flatten(closed, scatters: bool = True, wide_scatters: bool = True,
-             merge_products: bool = False) -> tuple[ir.Graph, tuple[Eqn, ...], dict, tuple]:
+             merge_products: bool = False, batched_folds: bool = False,
+             product_concats: bool = False) -> tuple[ir.Graph, tuple[Eqn, ...], dict, tuple]:
     """A closed jaxpr as a graph over fresh values, its live equations, its captured constants and
     the equations written out (Traced.rewritten)."""
     fl = _Flattener(scatters, wide_scatters)
     inputs = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
     outputs = fl.run(closed.jaxpr, closed.consts, inputs)
     eqns = fl.eqns
+    if batched_folds:
+        eqns, folded = batched_products.fold_batched(
+            eqns, outputs, lambda shape, dtype: ir.Value(next(fl.ids), shape, dtype))
+        if folded:
+            fl.rewritten[batched_products.FOLDED] = folded
     if merge_products:
         eqns, written = _merged(eqns, outputs, fl.ids)
         fl.rewritten.update(written)
+    if product_concats:
+        eqns, _ = merged_products.mark_product_concatenations(eqns, outputs)
     eqns = _live_eqns(eqns, outputs)
     ops = tuple(
         ir.Op(i, e.primitive.name, e.inputs, e.outputs, _hashable_params(e.params) + _extra_params(e))
