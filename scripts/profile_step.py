@@ -4,7 +4,9 @@ matrix products, our kernels and XLA's other kernels, and the kernels that take 
 grouped by name. For jaxstitch.jit also the busy time its partition would give with every stitched
 kernel at the HBM roofline: the ceiling of the step's speedup while the regions stay as they are.
 
-    python3 scripts/profile_step.py [--model bert|gpt|dien] [--dtype bfloat16] [--top 15]
+    python3 scripts/profile_step.py [--model bert|gpt|dien] [--dtype bfloat16] [--top 15] [--tune SPEC ...]
+
+`--tune` also profiles jaxstitch.jit with each JAXSTITCH_TUNE spec.
 """
 import argparse
 import collections
@@ -19,6 +21,7 @@ from device_time import GPU_EVENTS, gpu_events, span_us  # noqa: E402  (first: t
 import jax  # noqa: E402
 
 import jaxstitch  # noqa: E402
+from jaxstitch import bench  # noqa: E402
 from jaxstitch.bench import measure_bandwidth  # noqa: E402
 from jaxstitch.targets import TARGETS, detect  # noqa: E402
 from example_models import load_example, model_arguments  # noqa: E402
@@ -128,39 +131,48 @@ def main():
     p = model_arguments(argparse.ArgumentParser())
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--gaps", action="store_true", help="also where the GPU idles, and the host's CUDA calls")
+    p.add_argument("--tune", nargs="*", default=[], help="JAXSTITCH_TUNE specs, one jaxstitch.jit variant each")
     args = p.parse_args()
     example, init, batch = load_example(args)
     busy_of = {}
-    for name, jit in (("jax.jit", jax.jit), ("jaxstitch.jit", jaxstitch.jit)):
+    variants = [("jax.jit", jax.jit, None), ("jaxstitch.jit", jaxstitch.jit, None)]
+    variants += [(f"jaxstitch.jit {spec}", jaxstitch.jit, spec) for spec in args.tune]
+    for name, jit, spec in variants:
+        with bench._tuned(spec):  # (read by jaxstitch.jit and explain; planned at the first call)
+            profile_variant(example, init, batch, name, jit, busy_of, args)
+
+
+def profile_variant(example, init, batch, name, jit, busy_of, args):
+    """One compiler's timeline, printed."""
+    graphdef, state = init()
+    f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,))
+    every = profile(f, graphdef, state, batch(0))
+    events = [e for e in every if e.get("cat") == "kernel"]
+    busy = sum(e["dur"] for e in events)
+    by_name = collections.defaultdict(lambda: [0.0, 0])
+    for e in events:
+        key = e["name"][:70]
+        by_name[key][0] += e["dur"]
+        by_name[key][1] += 1
+    print(f"\n{name}: span {span_us(events):.0f} us, GPU busy {busy:.0f} us, {len(events)} kernels")
+    parts = collections.defaultdict(lambda: [0.0, 0])
+    for e in events:
+        parts[kind_of(e["name"])][0] += e["dur"]
+        parts[kind_of(e["name"])][1] += 1
+    print("  " + ", ".join(f"{k} {d:.0f} us in {n}" for k, (d, n) in sorted(parts.items())))
+    busy_of[name] = busy
+    if "ours" in parts:
         graphdef, state = init()
-        f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,))
-        every = profile(f, graphdef, state, batch(0))
-        events = [e for e in every if e.get("cat") == "kernel"]
-        busy = sum(e["dur"] for e in events)
-        by_name = collections.defaultdict(lambda: [0.0, 0])
-        for e in events:
-            key = e["name"][:70]
-            by_name[key][0] += e["dur"]
-            by_name[key][1] += 1
-        print(f"\n{name}: span {span_us(events):.0f} us, GPU busy {busy:.0f} us, {len(events)} kernels")
-        parts = collections.defaultdict(lambda: [0.0, 0])
-        for e in events:
-            parts[kind_of(e["name"])][0] += e["dur"]
-            parts[kind_of(e["name"])][1] += 1
-        print("  " + ", ".join(f"{k} {d:.0f} us in {n}" for k, (d, n) in sorted(parts.items())))
-        busy_of[name] = busy
-        if "ours" in parts:
-            graphdef, state = init()
-            report = jaxstitch.explain(example.train_step, graphdef, state, batch(0))
-            bandwidth = measure_bandwidth(False, 10)
-            print(roofline_bound(report, parts, busy_of["jax.jit"], bandwidth))
-            print("  our kernels by launch shape (measured, roofline, the plan's estimate):")
-            print("\n".join(ours_by_launch(events, report, bandwidth, detect() or TARGETS["h100"])))
-        for key, (dur, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:args.top]:
-            print(f"  {dur:9.0f} us {n:5d}x  {key}")
-        if args.gaps:
-            print_gaps([e for e in every if e.get("cat") in GPU_EVENTS],
-                       [e for e in every if e.get("cat") in ("cuda_runtime", "cuda_driver")], args.top)
+        report = jaxstitch.explain(example.train_step, graphdef, state, batch(0))
+        bandwidth = measure_bandwidth(False, 10)
+        print(roofline_bound(report, parts, busy_of["jax.jit"], bandwidth))
+        print("  our kernels by launch shape (measured, roofline, the plan's estimate):")
+        print("\n".join(ours_by_launch(events, report, bandwidth, detect() or TARGETS["h100"])))
+    for key, (dur, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:args.top]:
+        print(f"  {dur:9.0f} us {n:5d}x  {key}")
+    if args.gaps:
+        print_gaps([e for e in every if e.get("cat") in GPU_EVENTS],
+                   [e for e in every if e.get("cat") in ("cuda_runtime", "cuda_driver")], args.top)
 
 
 if __name__ == "__main__":
