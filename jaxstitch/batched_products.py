@@ -32,6 +32,7 @@ import dataclasses
 from typing import Callable, Sequence
 
 from . import ir
+from .transposed_products import swapped_product
 
 FOLDED = "batched products reordered"  # the report's name for the transposes this module removes
 
@@ -60,11 +61,11 @@ def _fold_outputs(eqns: list, outputs, new_value) -> tuple[list, int]:
         if perm is None:
             continue
         if perm == tuple(range(len(perm))):
-            replaced[i] = [_swapped(eqns[p], e.outputs)]
+            replaced[i] = [swapped_product(eqns[p], e.outputs)]
             continue
         out = e.outputs[0]
         mid = new_value(tuple(out.shape[perm.index(d)] for d in range(len(perm))), out.dtype)
-        replaced[i] = [_swapped(eqns[p], (mid,)),
+        replaced[i] = [swapped_product(eqns[p], (mid,)),
                        dataclasses.replace(e, params=dict(e.params, permutation=perm), inputs=(mid,))]
     if not replaced:
         return eqns, 0
@@ -97,7 +98,8 @@ def _fold_operands(eqns: list, outputs) -> tuple[list, int]:
             e = eqns[i]
             inputs = list(e.inputs)
             inputs[side] = producer[vid].inputs[0]
-            eqns[i] = dataclasses.replace(e, params=dict(e.params, dimension_numbers=mapped), inputs=tuple(inputs))
+            eqns[i] = dataclasses.replace(e, params=dict(e.params, dimension_numbers=mapped),
+                                          inputs=tuple(inputs))
             folded += 1
     if not folded:
         return eqns, 0
@@ -137,17 +139,6 @@ def _swapped_permutation(product, perm: tuple[int, ...]) -> tuple[int, ...] | No
         return None
     where = [d if d < nb else d + nr if d < nb + nl else d - nl for d in range(nb + nl + nr)]
     return tuple(where[p] for p in perm)
-
-
-def _swapped(product, outputs):
-    """`product` with its operands (and their dimension numbers and precisions) swapped, writing
-    `outputs`."""
-    (lc, rc), (lb, rb) = product.params["dimension_numbers"]
-    params = dict(product.params, dimension_numbers=((tuple(rc), tuple(lc)), (tuple(rb), tuple(lb))))
-    precision = params.get("precision")
-    if isinstance(precision, tuple) and len(precision) == 2:
-        params["precision"] = precision[::-1]
-    return dataclasses.replace(product, params=params, inputs=product.inputs[::-1], outputs=tuple(outputs))
 
 
 def _through(product, side: int, perm: tuple[int, ...]):

@@ -42,7 +42,7 @@ def fold_transposes(eqns: Sequence, outputs: Sequence[ir.Atom]) -> tuple[list, i
             continue
         product = eqns[p]
         if _swaps_operands(product, tuple(e.params["permutation"])):
-            swapped[i] = _swapped(product, e.outputs)
+            swapped[i] = swapped_product(product, e.outputs)
     if not swapped:
         return list(eqns), 0
     gone = {producer[eqns[i].inputs[0].id] for i in swapped}
@@ -64,11 +64,11 @@ def _swaps_operands(product, permutation: tuple[int, ...]) -> bool:
     return permutation == tuple(range(n_lhs, n_lhs + n_rhs)) + tuple(range(n_lhs))
 
 
-def _swapped(product, outputs):
+def swapped_product(product, outputs):
     """`product` with its operands (and their dimension numbers and precisions) swapped, writing
-    `outputs`."""
-    (lc, rc), _ = product.params["dimension_numbers"]
-    params = dict(product.params, dimension_numbers=((tuple(rc), tuple(lc)), ((), ())))
+    `outputs`: its result has the rhs's free axes before the lhs's (batch axes first, as before)."""
+    (lc, rc), (lb, rb) = product.params["dimension_numbers"]
+    params = dict(product.params, dimension_numbers=((tuple(rc), tuple(lc)), (tuple(rb), tuple(lb))))
     precision = params.get("precision")
     if isinstance(precision, tuple) and len(precision) == 2:
         params["precision"] = precision[::-1]

@@ -292,9 +292,8 @@ class Kernel:
         # (a concatenation's operand along rows: nothing loaded in the other operands' rows)
         outside = [b for b in view.bounds if j and not any(b[1][j:])] if storage == FULL else []
         if outside:
-            inside = " && ".join(
-                f"(unsigned long long)({const}LL + {_affine(list(zip(view.shape[:j], coef[:j])), 'row')}) < {extent}ULL"
-                for const, coef, extent in outside)
+            inside = " && ".join(f"(unsigned long long)({c}LL + {_affine(list(zip(view.shape[:j], coef)), 'row')}) "
+                                 f"< {n}ULL" for c, coef, n in outside)
             w(f"const bool {name}_in = {inside};")
             row_ok = f"row_ok && {name}_in && "
         w(f"const long long {name}_at = {base_expr};")
