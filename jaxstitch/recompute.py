@@ -16,7 +16,7 @@ import dataclasses
 from typing import Callable
 
 from . import ir, ops as opdefs
-from .partition import Partition, Region
+from .partition import TABLE_RATIO, Partition, Region
 from .plan import positions
 
 MAX_CHAIN_OPS = 8      # ops recomputed for one input
@@ -131,11 +131,13 @@ def rebuildable(op: ir.Op) -> bool:
     return _cheap(op) and op.prim not in opdefs.SOURCES
 
 
-def _chain(v: ir.Value, producer: dict, own: set[int], read: set[ir.Value]) -> list[ir.Op]:
+def _chain(v: ir.Value, producer: dict, own: set[int], read: set[ir.Value], table: bool = False) -> list[ir.Op]:
     """The cheap ops that make `v` from narrower values: an operand is expanded while it is as large
     and as wide as `v`, not read by the region already, and the chain has room; the rest are read.
     An operand computed from positions alone (a causal mask, plan/positions.py) is taken in whole,
-    whatever its size: it reads nothing, and its producer need not write it."""
+    whatever its size: it reads nothing, and its producer need not write it; not where it holds an
+    expensive op (rebuilt at the region's shape, at every element: see TABLE_RATIO). `table`: `v`
+    is a table the region broadcasts (_is_table), and its expensive ops stay outside (read)."""
     chain: dict[int, ir.Op] = {}
     stack = [v]
     while stack:
@@ -143,17 +145,31 @@ def _chain(v: ir.Value, producer: dict, own: set[int], read: set[ir.Value]) -> l
         op = producer.get(val.id)
         if op is None or op.index in own or op.index in chain or not _cheap(op):
             continue
+        if table and op.prim in opdefs.EXPENSIVE:
+            continue
         if len(chain) == MAX_CHAIN_OPS:
             break
         chain[op.index] = op
         for a in op.inputs:
             if not isinstance(a, ir.Value) or a in read:
                 continue
-            if a.shape and positions.positional(a, producer):
+            if a.shape and positions.positional(a, producer) and not _expensive_cone(a, producer):
                 chain.update((c.index, c) for c in positions.cone(a, producer) if c.index not in own)
             elif a.size >= v.size and a.itemsize >= v.itemsize and op.prim != "slice":
                 stack.append(a)  # (a slice's operand is read, at the slice's elements alone)
     return sorted(chain.values(), key=lambda op: op.index)
+
+
+# An input TABLE_RATIO times smaller than the region's largest value is a table the region
+# broadcasts (a rotary embedding's [seq, half] cos and sin, which partition.py splits out of the
+# regions it forms): its chain is taken in without its expensive ops, which the kernel would
+# evaluate again at every element the table is broadcast to.
+def _is_table(v: ir.Value, r: Region) -> bool:
+    return v.size * TABLE_RATIO <= max((o.size for op in r.ops for o in op.outputs), default=0)
+
+
+def _expensive_cone(v: ir.Value, producer: dict) -> bool:
+    return any(op.prim in opdefs.EXPENSIVE for op in positions.cone(v, producer))
 
 
 def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir.Value], fits) -> Region:
@@ -161,7 +177,7 @@ def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir
         if v.size <= 1 or v not in r.inputs:
             continue
         own = {op.index for op in r.ops}
-        chain = _chain(v, producer, own, set(r.inputs) - {v})
+        chain = _chain(v, producer, own, set(r.inputs) - {v}, _is_table(v, r))
         if not chain:
             continue
         candidate = _with_ops(r, chain)
@@ -194,7 +210,7 @@ def _adopt_shared_leaves(r: Region, producer: dict, hidden: set[ir.Value], sole:
             continue
         own = {op.index for op in r.ops}
         read = (set(r.inputs) - set(members)) | {x}
-        chain = {op.index: op for v in members for op in _chain(v, producer, own, read)}
+        chain = {op.index: op for v in members for op in _chain(v, producer, own, read, _is_table(v, r))}
         candidate = _with_ops(r, sorted(chain.values(), key=lambda op: op.index))
         if any(v in candidate.inputs for v in members):
             continue

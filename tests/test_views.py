@@ -79,6 +79,20 @@ def split_gates(g, h):  # a GRU cell's update from its gates
     return out, jnp.sum(out, -1)
 
 
+def rope_positions(x):
+    """GPT's rotary embedding with its cos and sin tables computed from positions: [seq, half]
+    tables TABLE_RATIO times smaller than x, computed apart and read through views."""
+    half = x.shape[-1] // 2
+    angles = jnp.arange(x.shape[1], dtype=jnp.float32)[:, None] * 10000.0 ** (-jnp.arange(half) / half)
+    cos, sin = jnp.cos(angles)[:, None, :], jnp.sin(angles)[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def rope_positions_grad(x):
+    return jax.grad(lambda x: jnp.sum(jnp.tanh(rope_positions(x))))(x)
+
+
 def f32(*shape):
     return jax.ShapeDtypeStruct(shape, jnp.float32)
 
@@ -95,6 +109,8 @@ CASES = {
     "dynamic_window": (dynamic_window, (f32(24, 64), jax.ShapeDtypeStruct((), jnp.int32))),
     "merged_then_sliced": (merged_then_sliced, (f32(8, 6, 10),)),
     "split_gates": (split_gates, (f32(32, 96), f32(32, 32))),
+    "rope_positions": (rope_positions, (f32(4, 64, 8, 16),)),
+    "rope_positions_grad": (rope_positions_grad, (f32(4, 64, 8, 16),)),
 }
 
 
@@ -450,3 +466,16 @@ def test_a_concatenation_along_rows_loads_each_operand_in_its_own_rows_only(name
     sources = [p.read_text() for p in tmp_path.glob("*.cu")]
     assert sources
     assert any("_in = (unsigned long long)" in s for s in sources) == predicated
+
+
+@pytest.mark.parametrize("name", ["rope_positions", "rope_positions_grad"])
+def test_tables_from_positions_are_computed_apart(name):
+    """The rotary tables' pow, cos and sin (a [64, 8] table, x 64 times larger) stay out of the
+    region that broadcasts them, in a small region of their own: inside, every element would
+    evaluate them again (partition.TABLE_RATIO; recompute.py does not take them back in)."""
+    fun, specs = CASES[name]
+    report = jaxstitch.explain(fun, *specs, target="h100")
+    expensive = {"pow", "cos", "sin"}
+    assert [(r.rows, r.cols) for r in report.regions if expensive <= set(r.ops)] == [(64, 8)], report
+    rows = [r for r in report.regions if (r.rows or 0) * (r.cols or 0) == 4 * 64 * 8 * 16]
+    assert rows and not any(expensive & set(r.ops) for r in rows), report
