@@ -22,7 +22,6 @@ import jax  # noqa: E402
 
 import jaxstitch  # noqa: E402
 from jaxstitch import bench  # noqa: E402
-from jaxstitch.bench import measure_bandwidth  # noqa: E402
 from jaxstitch.targets import TARGETS, detect  # noqa: E402
 from example_models import load_example, model_arguments  # noqa: E402
 
@@ -164,7 +163,7 @@ def profile_variant(example, init, batch, name, jit, busy_of, args):
     if "ours" in parts:
         graphdef, state = init()
         report = jaxstitch.explain(example.train_step, graphdef, state, batch(0))
-        bandwidth = measure_bandwidth(False, 10)
+        bandwidth = bench.measure_bandwidth(False, 10)
         print(roofline_bound(report, parts, busy_of["jax.jit"], bandwidth))
         print("  our kernels by launch shape (measured, roofline, the plan's estimate):")
         print("\n".join(ours_by_launch(events, report, bandwidth, detect() or TARGETS["h100"])))

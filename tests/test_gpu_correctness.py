@@ -955,7 +955,6 @@ def test_merged_products_match_xla(monkeypatch, dtype):
             compare(a, c, f"{what} output {i} ({label})", lossy=dtype)
 
 
-
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_batched_folds_match_xla(monkeypatch, dtype):
     """GPT's attention block's gradients with its batched products' transposes folded and the
