@@ -32,7 +32,7 @@ import dataclasses
 from typing import Callable, Sequence
 
 from . import ir
-from .transposed_products import swapped_product
+from .transposed_products import count_users, swappable, swapped_product
 
 FOLDED = "batched products reordered"  # the report's name for the transposes this module removes
 
@@ -48,7 +48,7 @@ def fold_batched(eqns: Sequence, outputs: Sequence[ir.Atom],
 
 
 def _fold_outputs(eqns: list, outputs, new_value) -> tuple[list, int]:
-    users = _users(eqns, outputs)
+    users = count_users(eqns, outputs)
     producer = {o.id: i for i, e in enumerate(eqns) for o in e.outputs}
     replaced: dict[int, list] = {}  # transpose's index -> the equations written for it
     for i, e in enumerate(eqns):
@@ -78,7 +78,7 @@ def _fold_outputs(eqns: list, outputs, new_value) -> tuple[list, int]:
 
 
 def _fold_operands(eqns: list, outputs) -> tuple[list, int]:
-    users = _users(eqns, outputs)
+    users = count_users(eqns, outputs)
     producer = {o.id: e for e in eqns for o in e.outputs}
     reads = collections.defaultdict(list)  # transpose's result -> (product's index, side, dimension numbers)
     for i, e in enumerate(eqns):
@@ -108,20 +108,9 @@ def _fold_operands(eqns: list, outputs) -> tuple[list, int]:
     return [e for e in eqns if e.primitive.name != "transpose" or e.outputs[0].id in live], folded
 
 
-def _users(eqns, outputs) -> collections.Counter:
-    users = collections.Counter(a.id for e in eqns for a in e.inputs if isinstance(a, ir.Value))
-    users.update(a.id for a in outputs if isinstance(a, ir.Value))
-    return users
-
-
 def _foldable(product) -> bool:
-    """A dot_general with batch axes over two values, as written (no sharding)."""
-    if (product.primitive.name != "dot_general" or len(product.inputs) != 2 or product.effectful
-            or not all(isinstance(a, ir.Value) for a in product.inputs)
-            or product.params.get("out_sharding") is not None):  # (a sharding names the axes as written)
-        return False
-    _, (lb, _) = product.params["dimension_numbers"]
-    return bool(lb)
+    """A swappable dot_general (transposed_products.swappable) with batch axes."""
+    return swappable(product) and bool(product.params["dimension_numbers"][1][0])
 
 
 def _counts(product) -> tuple[int, int, int]:

@@ -30,8 +30,7 @@ FOLDED = "transposed products folded"  # the report's name for the transposes th
 def fold_transposes(eqns: Sequence, outputs: Sequence[ir.Atom]) -> tuple[list, int]:
     """`eqns` (trace.Eqn, in program order) with each foldable transpose of a product replaced by
     the swapped product, and how many were folded."""
-    users = collections.Counter(a.id for e in eqns for a in e.inputs if isinstance(a, ir.Value))
-    users.update(a.id for a in outputs if isinstance(a, ir.Value))
+    users = count_users(eqns, outputs)
     producer = {o.id: i for i, e in enumerate(eqns) for o in e.outputs}
     swapped: dict[int, object] = {}  # transpose's index -> the swapped product
     for i, e in enumerate(eqns):
@@ -49,12 +48,25 @@ def fold_transposes(eqns: Sequence, outputs: Sequence[ir.Atom]) -> tuple[list, i
     return [swapped.get(i, e) for i, e in enumerate(eqns) if i not in gone], len(swapped)
 
 
+def count_users(eqns: Sequence, outputs: Sequence[ir.Atom]) -> collections.Counter:
+    """How many equations (and program outputs) read each value, by id."""
+    users = collections.Counter(a.id for e in eqns for a in e.inputs if isinstance(a, ir.Value))
+    users.update(a.id for a in outputs if isinstance(a, ir.Value))
+    return users
+
+
+def swappable(product) -> bool:
+    """A dot_general over two values, as written (no sharding: a sharding names the axes as they
+    are), whose operands may be swapped."""
+    return (product.primitive.name == "dot_general" and len(product.inputs) == 2 and not product.effectful
+            and all(isinstance(a, ir.Value) for a in product.inputs)
+            and product.params.get("out_sharding") is None)
+
+
 def _swaps_operands(product, permutation: tuple[int, ...]) -> bool:
     """Whether `product` is a dot_general without batch axes and `permutation` puts its rhs's free
     axes before its lhs's, each in order."""
-    if (product.primitive.name != "dot_general" or len(product.inputs) != 2 or product.effectful
-            or not all(isinstance(a, ir.Value) for a in product.inputs)
-            or product.params.get("out_sharding") is not None):  # (a sharding names the axes as written)
+    if not swappable(product):
         return False
     (lc, rc), (lb, rb) = product.params["dimension_numbers"]
     if lb or rb:
