@@ -692,6 +692,32 @@ def test_long_rows_split_per_sm(rows, splits, monkeypatch):
     assert set(got) == {splits}, str(report)
 
 
+@pytest.mark.parametrize("cols,grid,group", [(768, 528, 2), (768, 396, 2), (3, 528, 1), (528, 528, 1),
+                                             (529, 528, 2), (4096, 528, 8), (10 ** 6, 528, 32)])
+def test_column_group_gives_nearly_every_block_a_share(cols, grid, group):
+    assert planner.column_group(cols, grid) == group
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("spec,group", [(None, 2), ("col_group=8", 8), ("col_group=1", 1)])
+def test_column_sums_finish_in_the_planned_groups(spec, group, monkeypatch):
+    """A layernorm backward's dgamma and dbeta over 768 columns: after the grid barrier a block
+    sums 2 columns' partials (8 before session 44, which left most of 528 blocks idle), and its
+    threads' loads are unrolled; JAXSTITCH_TUNE=col_group=K sets the group."""
+    if spec:
+        monkeypatch.setenv("JAXSTITCH_TUNE", spec)
+    x, c = S((4096, 768), jnp.bfloat16), S((768,), jnp.bfloat16)
+    program = _program(WORKLOADS["layernorm_fwdbwd"].fn, [x, c, c, x])
+    (k,) = [k for k in program.regions if k.stitched]
+    assert k.plan.kernel.col_group == group and k.cubin
+    assert f"cg += gridDim.x * {group})" in k.source and "#pragma unroll 4" in k.source
+
+
+def test_column_group_knob_rejects_other_values():
+    with pytest.raises(ValueError, match="col_group=3"):
+        Tuning.parse("col_group=3")
+
+
 def test_long_rows_with_column_reductions_are_declined():
     """A layernorm backward over rows too long for registers would need per-thread column partials for
     every chunk: declined with the reason, left to XLA."""

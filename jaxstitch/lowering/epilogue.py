@@ -7,9 +7,6 @@ from .cuda_ops import REDUCE, STYPE
 from .kernel import Kernel, Writer, col_index
 
 
-COL_GROUP = 8  # columns a block finishes together: one 32-byte sector of a row of float partials
-
-
 def render_epilogue(k: Kernel, w: Writer, shared: Writer, grid_ops, epi_ops):
     """Grid-wide reductions: block partials to the workspace, one barrier, then every block finishes
     a slice of the columns (and every block the scalars), summing partials in a fixed order."""
@@ -78,28 +75,33 @@ def render_epilogue(k: Kernel, w: Writer, shared: Writer, grid_ops, epi_ops):
         w(f"for (long long i = (long long)blockIdx.x * BLOCK + tid; i < {v.size}LL; i += (long long)gridDim.x * BLOCK) "
           f"out{j}[i] = js_io<{STYPE[v.dtype]}>::put({k.ref(v)});")
     if col_ops:
-        # A block finishes a group of COL_GROUP columns (one 32-byte sector of a partials row): its
-        # threads stride over the blocks' partials rows, then combine in a fixed tree (lanes, then
-        # warps through shared memory), so every block of the grid reads at once and the order is fixed.
-        shared(f"__shared__ float js_colred[{len(col_ops)}][BLOCK / 32][{COL_GROUP}];")
-        w(f"for (int cg = blockIdx.x * {COL_GROUP}; cg < N_COLS; cg += gridDim.x * {COL_GROUP}) {{")
+        # A block finishes a group of G columns (planner.column_group): its threads stride over the
+        # blocks' partials rows, then combine in a fixed tree (lanes, then warps through shared
+        # memory), so every block of the grid reads at once and the order is fixed. The strided loop
+        # is unrolled so that a thread's loads are in flight together (the order of its sum stays).
+        G = k.plan.col_group
+        shared(f"__shared__ float js_colred[{len(col_ops)}][BLOCK / 32][{G}];")
+        w(f"for (int cg = blockIdx.x * {G}; cg < N_COLS; cg += gridDim.x * {G}) {{")
         inner = Writer(w.indent + 1)
-        inner(f"const int c = cg + tid % {COL_GROUP};")
+        inner(f"const int c = cg + tid % {G};")
         for i, op in enumerate(col_ops):
             o, fn = op.outputs[0].id, REDUCE[op.prim][0]
             ident = REDUCE[op.prim][1]['float']
             inner(f"float v{o} = {ident};")
-            inner(f"if (c < N_COLS) for (int b = tid / {COL_GROUP}; b < gridDim.x; b += BLOCK / {COL_GROUP}) "
+            inner("if (c < N_COLS) {")
+            inner("#pragma unroll 4")
+            inner(f"  for (int b = tid / {G}; b < gridDim.x; b += BLOCK / {G}) "
                   f"v{o} = {fn}(v{o}, js_ws[{offsets[o]} + (long long)b * N_COLS + c]);")
-            inner(f"for (int d = {COL_GROUP}; d < 32; d *= 2) v{o} = {fn}(v{o}, __shfl_xor_sync(0xffffffffu, v{o}, d));")
-            inner(f"if ((tid & 31) < {COL_GROUP}) js_colred[{i}][tid >> 5][tid & 31] = v{o};")
+            inner("}")
+            inner(f"for (int d = {G}; d < 32; d *= 2) v{o} = {fn}(v{o}, __shfl_xor_sync(0xffffffffu, v{o}, d));")
+            inner(f"if ((tid & 31) < {G}) js_colred[{i}][tid >> 5][tid & 31] = v{o};")
         inner("__syncthreads();")
         for i, op in enumerate(col_ops):
             o, fn = op.outputs[0].id, REDUCE[op.prim][0]
-            inner(f"v{o} = js_colred[{i}][0][tid % {COL_GROUP}];")
-            inner(f"for (int j = 1; j < BLOCK / 32; ++j) v{o} = {fn}(v{o}, js_colred[{i}][j][tid % {COL_GROUP}]);")
+            inner(f"v{o} = js_colred[{i}][0][tid % {G}];")
+            inner(f"for (int j = 1; j < BLOCK / 32; ++j) v{o} = {fn}(v{o}, js_colred[{i}][j][tid % {G}]);")
         inner("__syncthreads();  // before js_colred is written again")
-        inner(f"if (tid >= {COL_GROUP} || c >= N_COLS) continue;")
+        inner(f"if (tid >= {G} || c >= N_COLS) continue;")
         for op in col_epi:
             k.emit_op(inner, op)
         for j, v in enumerate(k.outputs):

@@ -105,7 +105,9 @@ class Tuning:
     so 1 stays the default; `xla_kernels`: 1 hands kernels the launcher is not needed for to XLA's
     own kernel call as PTX (kernels/xla_kernel.py), which XLA records into its graphs as kernel
     nodes; 0 (the default: session 38 measured no gain on BERT's or GPT's step) launches every
-    kernel through the launcher."""
+    kernel through the launcher; `col_group`: columns a block finishes together after a grid
+    barrier (0, the default: the fewest that leave a group to nearly every block, planner.column_group;
+    8 was the only choice before session 44)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -136,11 +138,12 @@ class Tuning:
     cut_saving_us: int | None = None
     cmd_buffers: int = 1
     xla_kernels: int = 0
+    col_group: int = 0
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
               "scan_sums", "pairs", "serpentine", "scatters", "wide_scatters", "merge_products",
-              "batched_folds", "product_concats", "cut_saving_us", "cmd_buffers", "xla_kernels")
+              "batched_folds", "product_concats", "cut_saving_us", "cmd_buffers", "xla_kernels", "col_group")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
@@ -158,6 +161,8 @@ class Tuning:
                 raise ValueError(f"{name}={n}: must be a power of two from 1 to 1024")
         if t.stages not in (None, 0, 1, 2):
             raise ValueError(f"stages={t.stages}: must be 0, 1 or 2")
+        if t.col_group not in (0, 1, 2, 4, 8, 16, 32):
+            raise ValueError(f"col_group={t.col_group}: must be 0 (chosen by the shape) or a power of two up to 32")
         if not 32 <= t.min_threads <= 2048:
             raise ValueError(f"min_threads={t.min_threads}: must be from 32 to 2048")
         return t

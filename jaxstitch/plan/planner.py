@@ -55,6 +55,8 @@ class KernelPlan:
     xla_unfused: int = 0
     # Why a pairing of the row's halves that plan/pairs.py found was not taken (None: none found, or taken).
     unpaired: str | None = None
+    # Columns of a grid-wide column reduction a block finishes together after the barrier.
+    col_group: int = 8
 
     @property
     def stage_bytes(self) -> int:
@@ -207,7 +209,8 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         xla_levels = cost.reduction_levels(place(sunk, frozenset())) if online or shifts else None
         kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits), online,
                             bool(tuning.fast_exp) and fast_exp(region), shifts, xla_levels, passes,
-                            diamonds.unfused_reductions(original) if tuning.diamonds else 0, unpaired)
+                            diamonds.unfused_reductions(original) if tuning.diamonds else 0, unpaired,
+                            tuning.col_group or column_group(layout.n_cols, mp.grid_cap))
     except Unplannable as e:
         return RegionPlan(original, None, None, str(e))
     busy_sms = min(target.sm_count, mp.grid)
@@ -219,6 +222,18 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                 f"{mp.rows_per_block} per block{', ' + str(mp.splits) + ' blocks per row' if mp.splits > 1 else ''}): "
                 f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
     return RegionPlan(original, kernel, est, _decline_reason(region, est, gain, idle, tuning))
+
+
+def column_group(n_cols: int, grid: int) -> int:
+    """Columns a block finishes together after a grid barrier: the fewest (a power of two, at most a
+    warp's 32) that give every column group a block of its own, so that all blocks share the sums of
+    the blocks' partials. Each thread then sums few partials: with 8 columns a group, a 768-column
+    reduction over 396 blocks left 300 blocks idle and each thread of the other 96 summing 12 or 13
+    partials one after another."""
+    group = 1
+    while group < 32 and -(-n_cols // group) > grid:
+        group *= 2
+    return group
 
 
 def _choose(region: Region, layout: Layout, passes: int, target: Target, tuning: mapping_mod.Tuning,
