@@ -18,12 +18,15 @@ Here
 Only products with batch axes, operands that are values, and no sharding. The same sums in the same
 dtype: the results are the same up to the products' order of accumulation.
 
-Off by default (`JAXSTITCH_TUNE=batched_folds=1`). Measured (H100, session 43, one process each):
-GPT bfloat16's step busy 11.63 -> 11.63-11.73 ms (XLA moves its transposes between kernels; the
-rotary backward they were meant to open to us stays XLA's, its kernel too large for the device's
-NVRTC; built as ours with the register cap lifted, the step took 11.86 ms); BERT float32's busy
-18.17 -> 17.81 ms (its value gradient's bias reductions become ours), one measurement of three
-rounds.
+`JAXSTITCH_TUNE=batched_folds=N`: 0 none; 1 (the default) only the folds that open a value to our
+regions (`fold_batched`'s OPENING: a product's transpose that an op computing with it reads, as
+BERT's bias gradients do); 2 every fold. Measured (H100, GPU busy time a step, CUPTI, 3 rounds, one
+process each): GPT bfloat16 11.63-11.69 ms with none, 11.70-11.73 with every fold (XLA moves its
+transposes between kernels; session 43 and 44); 1 folds nothing there. BERT float32 18.11-18.15 ms
+with none, 17.97-18.11 with 1, 17.78-17.84 with 2 (session 44, two runs; every fold gains more in
+BERT, loses in GPT, and the operand folds alone gain nothing: 18.18); BERT bfloat16 9.61 against
+9.62 with 1. With every fold and `product_concats=1`, GPT's rotary backward becomes ours: 11.81 ms
+(its 12 kernels at ~51% of their roofline, while XLA's kernels lose only 76 us).
 """
 from __future__ import annotations
 
@@ -31,31 +34,62 @@ import collections
 import dataclasses
 from typing import Callable, Sequence
 
-from . import ir
+from . import ir, ops as opdefs
 from .transposed_products import count_users, swappable, swapped_product
 
 FOLDED = "batched products reordered"  # the report's name for the transposes this module removes
 
 
+OPENING, EVERY = 1, 2  # batched_folds: the folds that open a value to our regions; every fold
+
+
 def fold_batched(eqns: Sequence, outputs: Sequence[ir.Atom],
-                 new_value: Callable[[tuple, str], ir.Value]) -> tuple[list, int]:
+                 new_value: Callable[[tuple, str], ir.Value], which: int = EVERY) -> tuple[list, int]:
     """`eqns` (trace.Eqn, in program order) with batched products' minor-axis transposes folded as
     the module says, and how many transposes were folded; `new_value(shape, dtype)` makes a value
-    for a swapped product whose result is still transposed."""
-    eqns, n_out = _fold_outputs(list(eqns), outputs, new_value)
-    eqns, n_in = _fold_operands(eqns, outputs)
+    for a swapped product whose result is still transposed. `which`: EVERY fold, or OPENING: only a
+    product's transpose whose result an op that computes reads (_computed_with), which no region of
+    ours could read before the fold; elsewhere the transpose is XLA's either way, and moving it
+    between XLA's kernels gained nothing (GPT, session 43)."""
+    eqns, n_out = _fold_outputs(list(eqns), outputs, new_value, which == OPENING)
+    n_in = 0
+    if which == EVERY:
+        eqns, n_in = _fold_operands(eqns, outputs)
     return eqns, n_out + n_in
 
 
-def _fold_outputs(eqns: list, outputs, new_value) -> tuple[list, int]:
+def _computed_with(vid: int, readers: dict, outputs) -> bool:
+    """Whether an op that computes (not a product, not a data-moving op) or a program output reads
+    value `vid`, through reshapes. Products read a transpose in XLA's kernels either way, and XLA
+    fuses a transpose into the slices and concatenations that read it (GPT's rotary backward)."""
+    if any(isinstance(a, ir.Value) and a.id == vid for a in outputs):
+        return True
+    for e in readers.get(vid, ()):
+        name = e.primitive.name
+        if name == "reshape":
+            if _computed_with(e.outputs[0].id, readers, outputs):
+                return True
+        elif name not in opdefs.COMPUTE_BOUND and name not in opdefs.VIEWS:
+            return True
+    return False
+
+
+def _fold_outputs(eqns: list, outputs, new_value, opening_only: bool = False) -> tuple[list, int]:
     users = count_users(eqns, outputs)
     producer = {o.id: i for i, e in enumerate(eqns) for o in e.outputs}
+    readers = collections.defaultdict(list)
+    for e in eqns:
+        for a in e.inputs:
+            if isinstance(a, ir.Value):
+                readers[a.id].append(e)
     replaced: dict[int, list] = {}  # transpose's index -> the equations written for it
     for i, e in enumerate(eqns):
         if e.primitive.name != "transpose" or not isinstance(e.inputs[0], ir.Value):
             continue
         p = producer.get(e.inputs[0].id)
         if p is None or users[e.inputs[0].id] != 1 or not _foldable(eqns[p]):
+            continue
+        if opening_only and not _computed_with(e.outputs[0].id, readers, outputs):
             continue
         perm = _swapped_permutation(eqns[p], tuple(e.params["permutation"]))
         if perm is None:

@@ -101,7 +101,7 @@ def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | N
     traced = trace_mod.trace(fun, flat_args, in_tree, static, scatters=bool(cfg.tuning.scatters),
                             wide_scatters=bool(cfg.tuning.wide_scatters),
                             merge_products=bool(cfg.tuning.merge_products),
-                            batched_folds=bool(cfg.tuning.batched_folds),
+                            batched_folds=cfg.tuning.batched_folds,
                             product_concats=bool(cfg.tuning.product_concats))
     # Both samples are staged (their kernels compiling meanwhile) before either is completed. The
     # second takes the first's regions: a family's regions must be the same ops at both anyway.

@@ -183,7 +183,7 @@ class _Flattener:
 
 def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None = None,
           scatters: bool = True, wide_scatters: bool = True, merge_products: bool = False,
-          batched_folds: bool = False, product_concats: bool = False) -> Traced:
+          batched_folds: int = 0, product_concats: bool = False) -> Traced:
     """Trace `fun(*args, **kwargs)` given the dynamic leaves of `(args, kwargs)` (arrays, tracers or
     ShapeDtypeStructs); `static` maps the positions of the other leaves to their Python values.
     `scatters`: write a scatter-add of one value per row into a fill out as a select (row_scatter.py;
@@ -192,7 +192,8 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
     products sharing an operand, or summed, as one product of concatenations where those are free
     (merged_products.py; JAXSTITCH_TUNE's merge_products=0 turns it off), after transposes of
     products are folded into them (transposed_products.py); `batched_folds`: batched products'
-    transposes of the minor axis folded into them (batched_products.py); `product_concats`: every
+    transposes of the minor axis folded into them (batched_products.py: 1 those that open a value to
+    our regions, 2 every one); `product_concats`: every
     concatenation only products read counted as one XLA copies (merged_products.py)."""
     out_tree_box = []
     static = static or {}
@@ -264,7 +265,7 @@ def positional_tree(args: Sequence[Any]):
 
 
 def _flatten(closed, scatters: bool = True, wide_scatters: bool = True,
-             merge_products: bool = False, batched_folds: bool = False,
+             merge_products: bool = False, batched_folds: int = 0,
              product_concats: bool = False) -> tuple[ir.Graph, tuple[Eqn, ...], dict, tuple]:
     """A closed jaxpr as a graph over fresh values, its live equations, its captured constants and
     the equations written out (Traced.rewritten)."""
@@ -274,7 +275,7 @@ def _flatten(closed, scatters: bool = True, wide_scatters: bool = True,
     eqns = fl.eqns
     if batched_folds:
         eqns, folded = batched_products.fold_batched(
-            eqns, outputs, lambda shape, dtype: ir.Value(next(fl.ids), shape, dtype))
+            eqns, outputs, lambda shape, dtype: ir.Value(next(fl.ids), shape, dtype), batched_folds)
         if folded:
             fl.rewritten[batched_products.FOLDED] = folded
     if merge_products:

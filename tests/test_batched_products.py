@@ -52,12 +52,12 @@ def _minor_transposes(eqns) -> int:
     return n
 
 
-def _fold(fun, specs, seed: int):
+def _fold(fun, specs, seed: int, which: int = batched_products.EVERY):
     """`fun`'s equations folded, how many, and whether they give what the equations as traced do."""
     traced = trace.trace(fun, specs, trace.positional_tree(specs))
     ids = iter(range(10**6, 2 * 10**6))
     eqns, n = batched_products.fold_batched(traced.eqns, traced.graph.outputs,
-                                            lambda shape, dtype: trace.ir.Value(next(ids), shape, dtype))
+                                            lambda shape, dtype: trace.ir.Value(next(ids), shape, dtype), which)
     args = random_inputs(specs, seed)
     ins, outs = traced.graph.inputs, traced.graph.outputs
     got = trace.evaluate(eqns, ins, args, outs, traced.consts)
@@ -87,6 +87,29 @@ def test_an_operand_transpose_is_folded_only_where_the_free_axes_keep_their_orde
         return jnp.einsum("bdcs,bsk->bdck", jnp.transpose(x, (0, 3, 2, 1)), y)
 
     assert _fold(reordered, [S((B, T, 4, D), jnp.float32), S((B, T, 5), jnp.float32)], 6)[2] == 0
+
+
+def test_the_default_folds_only_what_an_op_computes_with():
+    """batched_folds=1 (OPENING): a product's transpose is folded where an op that computes reads
+    it (BERT's bias gradient of the attention output, a column sum), not where only a product or a
+    data-moving op reads it (GPT's output projection, its rotary backward's slices), which XLA fuses
+    with the transpose either way."""
+    w = S((H * D, 4), jnp.float32)
+
+    def projected(q, k, v, w):
+        return attention(q, k, v).reshape(B, T, H * D) @ w
+
+    def sliced(q, k, v):
+        return jnp.concatenate([attention(q, k, v)[..., : D // 2] * 2.0, attention(q, k, v)[..., D // 2:]], -1)
+
+    def bias_grad(q, k, v, w):
+        out = attention(q, k, v).reshape(B, T, H * D)
+        return out @ w, jnp.sum(out, axis=(0, 1))
+
+    opening = batched_products.OPENING
+    assert _fold(projected, QKV + [w], 12)[2] >= 1 and _fold(projected, QKV + [w], 12, opening)[2] == 0
+    assert _fold(sliced, QKV, 13, opening)[2] == 0
+    assert _fold(bias_grad, QKV + [w], 14, opening)[2] == 1
 
 
 def test_unbatched_and_shared_products_are_left_alone():
@@ -122,7 +145,7 @@ def test_concatenations_only_products_read_are_marked():
     assert _marked(also_summed, specs) == []
 
 
-@pytest.mark.parametrize("tune", ["batched_folds=1", "batched_folds=1,product_concats=1"])
+@pytest.mark.parametrize("tune", ["batched_folds=2", "batched_folds=2,product_concats=1"])
 def test_knobs_give_jax_jit_results(monkeypatch, tune):
     monkeypatch.setenv("JAXSTITCH_TUNE", tune)
     args = random_inputs(QKV, 11)
@@ -157,6 +180,38 @@ def rotary_specs(dtype, b: int = B, t: int = T, c: int = H * D):
     return [S((b, t, c), dtype), S((c, 3 * c), jnp.float32)]
 
 
+def bias_attention_loss(x, w, b):
+    """BERT's attention block up to its output: a q/k/v projection with biases, no rotary."""
+    n, t, c = x.shape
+    qkv = x @ (w * c ** -0.5).astype(x.dtype) + b.astype(x.dtype)
+    q, k, v = jnp.split(qkv.reshape(n, t, 3 * H, c // H), 3, axis=2)
+    return jnp.sum(jnp.tanh(attention(q, k, v).astype(jnp.float32)) ** 2)
+
+
+bias_attention_grads = jax.grad(bias_attention_loss, argnums=(0, 1, 2))
+
+
+def bias_specs(dtype, b: int = B, t: int = T, c: int = H * D):
+    return rotary_specs(dtype, b, t, c) + [S((3 * c,), jnp.float32)]
+
+
+def test_bias_gradients_open_the_default_folds(monkeypatch):
+    """The q/k/v biases' gradients (column sums of dq, dk, dv) read the attention backward's
+    products through their transposes: batched_folds=1 (the default) folds the one an op computes
+    with, and its region can be planned (no longer a transpose of the minor axis); with
+    batched_folds=0 nothing is folded."""
+    specs = bias_specs(jnp.float32, 8, 128, 3 * 64)
+    rep = jaxstitch.explain(bias_attention_grads, *specs, target="h100")
+    assert "batched products reordered" in str(rep)
+    monkeypatch.setenv("JAXSTITCH_TUNE", "batched_folds=0")
+    off = jaxstitch.explain(bias_attention_grads, *specs, target="h100")
+    assert "batched products reordered" not in str(off)
+
+    def transposing(report):
+        return sum("walks its minor axis" in (r.reason or "") for r in report.regions)
+    assert transposing(rep) < transposing(off), (str(rep), str(off))
+
+
 def _rotary_backward(report):
     """The region concatenating the rotary backward's dq and dk with dv, GPT's head size."""
     (cat,) = [r for r in report.regions
@@ -170,13 +225,13 @@ def test_the_rotary_backward_concatenation_is_ours(monkeypatch):
     (with this machine's NVRTC; the GPU machines' needed 168 registers for it and declined it while
     it still computed the tables itself, docs/perf_notes.md session 43); with the folds alone it
     stays XLA's, one kernel of the same bytes."""
-    monkeypatch.setenv("JAXSTITCH_TUNE", "batched_folds=1,product_concats=1")
+    monkeypatch.setenv("JAXSTITCH_TUNE", "batched_folds=2,product_concats=1")
     specs = rotary_specs(jnp.bfloat16, 8, 512, 3 * 64)
     rep = jaxstitch.explain(rotary_attention_grads, *specs, target="h100")
     cat = _rotary_backward(rep)
     assert cat.stitched and cat.xla_kernels == 2, cat
     assert not {"pow", "cos", "sin"} & set(cat.ops), cat.ops
-    monkeypatch.setenv("JAXSTITCH_TUNE", "batched_folds=1")
+    monkeypatch.setenv("JAXSTITCH_TUNE", "batched_folds=2")
     rep = jaxstitch.explain(rotary_attention_grads, *specs, target="h100")
     cat = _rotary_backward(rep)
     assert not cat.stitched and "one kernel" in cat.reason

@@ -41,7 +41,7 @@ from test_pipeline_cpu import bias_grads_then_adam
 from test_transforms import COMPOSITIONS, CONTROL_FLOW, FUNS, MIN_KERNELS, stitched_kernels
 from test_wide_scatter import embedding_grad, widened
 from test_merged_products import swiglu_grads
-from test_batched_products import rotary_attention_grads, rotary_specs
+from test_batched_products import bias_attention_grads, bias_specs, rotary_attention_grads, rotary_specs
 from test_recompute import (RESIDUAL_SPECS, SHARED_SPECS, SLICED_SPECS, SPECS as RECOMPUTE_SPECS,
                             halves_across_a_dot, norm_across_a_dot, readers_left_to_xla,
                             residual_norm_across_a_dot, shared_leaf_across_a_dot)
@@ -982,27 +982,36 @@ def test_merged_products_match_xla(monkeypatch, dtype):
             compare(a, c, f"{what} output {i} ({label})", lossy=dtype)
 
 
+FOLD_CASES = {  # name -> (function, specs(dtype), JAXSTITCH_TUNE)
+    "rotary_every_fold": (rotary_attention_grads, lambda dt: rotary_specs(dt, 3, 72, 3 * 40),
+                          "batched_folds=2,product_concats=1"),
+    "bias_default": (bias_attention_grads, lambda dt: bias_specs(dt, 3, 72, 3 * 40), ""),
+}
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES))
-def test_batched_folds_match_xla(monkeypatch, dtype):
-    """GPT's attention block's gradients with its batched products' transposes folded and the
-    rotary backward's concatenation ours (batched_products.py, JAXSTITCH_TUNE=batched_folds=1,
-    product_concats=1), forced and as planned, against jax.jit."""
-    specs = rotary_specs(DTYPES[dtype], 3, 72, 3 * 40)
-    seed = (RUN_SEED + zlib.crc32(f"batched/{dtype}".encode())) % (1 << 63)
-    args = random_inputs(specs, seed)
-    what = _msg(f"rotary_attention_grads {dtype}", seed)
-    monkeypatch.setenv("JAXSTITCH_TUNE", "batched_folds=1,product_concats=1")
-    assert "batched products reordered" in str(jaxstitch.explain(rotary_attention_grads, *args))
+@pytest.mark.parametrize("case", sorted(FOLD_CASES))
+def test_batched_folds_match_xla(monkeypatch, case, dtype):
+    """Attention blocks' gradients with their batched products' transposes folded
+    (batched_products.py): GPT's with every fold and the rotary backward's concatenation ours
+    (JAXSTITCH_TUNE=batched_folds=2,product_concats=1), BERT-like q/k/v biases' with the default
+    folds; forced and as planned, against jax.jit."""
+    fn, make_specs, tune = FOLD_CASES[case]
+    seed = (RUN_SEED + zlib.crc32(f"batched/{case}/{dtype}".encode())) % (1 << 63)
+    args = random_inputs(make_specs(DTYPES[dtype]), seed)
+    what = _msg(f"{fn.__name__} {dtype}", seed)
+    monkeypatch.setenv("JAXSTITCH_TUNE", tune)
+    assert "batched products reordered" in str(jaxstitch.explain(fn, *args))
     with jax.default_matmul_precision("float32"):
-        want = jax.tree.leaves(jax.block_until_ready(jax.jit(rotary_attention_grads)(*args)))
+        want = jax.tree.leaves(jax.block_until_ready(jax.jit(fn)(*args)))
         with force_stitching():
-            _, forced = run_stitched(rotary_attention_grads, args, what + " (forced)")
-        _, planned = run_stitched(rotary_attention_grads, args, what)
+            _, forced = run_stitched(fn, args, what + " (forced)")
+        _, planned = run_stitched(fn, args, what)
         # (in bfloat16 against float32, with jax.jit's own distance from it as slack: the stitched
         # kernels round dq, dk and dv at other points than XLA's fusions, and the weight gradient
         # sums 216 of them; the tolerance alone is what a single rounding moves)
         wide = [a.astype(jnp.float32) for a in args]
-        exact = jax.tree.leaves(jax.block_until_ready(jax.jit(rotary_attention_grads)(*wide)))
+        exact = jax.tree.leaves(jax.block_until_ready(jax.jit(fn)(*wide)))
     for label, got in (("forced", forced), ("planned", planned)):
         for i, (a, c, r) in enumerate(zip(jax.tree.leaves(got), want, exact)):
             if dtype == "float32":

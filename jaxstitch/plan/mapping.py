@@ -93,9 +93,9 @@ class Tuning:
     results are summed, as one product over concatenations their producers write, and in such a
     program folds transposes of products into them (merged_products.py, transposed_products.py;
     GPT bfloat16, H100, session 42: 12.19 -> 11.64 ms busy); 0 keeps them as written;
-    `batched_folds`: 1 folds batched products' transposes of the minor axis into them
-    (batched_products.py; GPT bfloat16 unchanged, BERT float32 2% less busy in one measurement,
-    session 43); `product_concats`: 1 counts every concatenation only products read as one XLA
+    `batched_folds`: folds batched products' transposes of the minor axis into them
+    (batched_products.py): 1 (the default) those an op computing with the result reads, 2 every
+    one, 0 none; `product_concats`: 1 counts every concatenation only products read as one XLA
     copies (merged_products.mark_product_concatenations);
     `cut_saving_us`: the estimated saving (in µs) a region cut from an unplannable neighbour needs
     before it is stitched (planner.CUT_MIN_SAVING_US; a large value leaves every such region to
@@ -133,7 +133,7 @@ class Tuning:
     scatters: int = 1
     wide_scatters: int = 1
     merge_products: int = 1
-    batched_folds: int = 0
+    batched_folds: int = 1
     product_concats: int = 0
     cut_saving_us: int | None = None
     cmd_buffers: int = 1
