@@ -713,9 +713,10 @@ def test_column_sums_finish_in_the_planned_groups(spec, group, monkeypatch):
     assert f"cg += gridDim.x * {group})" in k.source and "#pragma unroll 4" in k.source
 
 
-def test_column_group_knob_rejects_other_values():
-    with pytest.raises(ValueError, match="col_group=3"):
-        Tuning.parse("col_group=3")
+@pytest.mark.parametrize("spec", ["col_group=3", "col_group=64", "batched_folds=3"])
+def test_knobs_reject_values_they_do_not_have(spec):
+    with pytest.raises(ValueError, match=spec):
+        Tuning.parse(spec)
 
 
 def test_long_rows_with_column_reductions_are_declined():

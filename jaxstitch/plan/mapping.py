@@ -161,6 +161,8 @@ class Tuning:
                 raise ValueError(f"{name}={n}: must be a power of two from 1 to 1024")
         if t.stages not in (None, 0, 1, 2):
             raise ValueError(f"stages={t.stages}: must be 0, 1 or 2")
+        if t.batched_folds not in (0, 1, 2):
+            raise ValueError(f"batched_folds={t.batched_folds}: must be 0 (none), 1 (those an op computes with) or 2 (every one)")
         if t.col_group not in (0, 1, 2, 4, 8, 16, 32):
             raise ValueError(f"col_group={t.col_group}: must be 0 (chosen by the shape) or a power of two up to 32")
         if not 32 <= t.min_threads <= 2048:
