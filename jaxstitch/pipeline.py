@@ -13,7 +13,7 @@ from .ops import COMPUTE_BOUND
 from .plan import KernelPlan, RegionPlan, Unplannable, plan_region
 from .recompute import recompute_cheap_inputs
 from .plan.planner import min_gain
-from .plan import remote, scan as scan_mod, tile, views
+from .plan import mapping as mapping_mod, remote, scan as scan_mod, tile, views
 from .plan.layout import place
 from .targets import TARGETS, Target
 
@@ -166,6 +166,9 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config) -> Compiled:
                f"memory latency (fewer than {MIN_RESIDENT_WARPS})")
         log.info("region %d falls back to XLA: %s", plan.region.id, why)
         return Compiled(plan, source.code, key, None, why, registers=res.registers)
+    if isinstance(plan.kernel, KernelPlan) and cfg.tuning.one_wave:
+        kernel = dataclasses.replace(plan.kernel, mapping=mapping_mod.one_wave(plan.kernel.mapping, res.registers, target))
+        plan = dataclasses.replace(plan, kernel=kernel)
     if isinstance(plan.kernel, tile.TilePlan):  # one wave of blocks, as many as the cubin lets reside
         kernel = dataclasses.replace(plan.kernel, mapping=tile.one_wave(plan.kernel.mapping, res.registers, target))
         plan = dataclasses.replace(plan, kernel=kernel)

@@ -291,6 +291,17 @@ def test_workload_matches_xla(name, dtype, shape):
     check_workload(name, dtype, shape, forced=False)
 
 
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name,shape", [("softmax_fwdbwd", (49152, 512)), ("softmax_fwdbwd", (16411, 999))])
+def test_one_wave_grids_match_xla(monkeypatch, name, shape, dtype):
+    """JAXSTITCH_TUNE=one_wave=1 (mapping.one_wave): row kernels launched as one wave of resident
+    blocks, each walking more row groups, give jax.jit's results; the knob did shrink a grid."""
+    planned = [r.grid for r in jaxstitch.explain(WORKLOADS[name].fn, *workload_inputs(name, dtype, shape, 0)).regions]
+    monkeypatch.setenv("JAXSTITCH_TUNE", "one_wave=1")
+    report = check_workload(name, dtype, shape, forced=False)
+    assert any(r.stitched and r.grid < g for r, g in zip(report.regions, planned)), str(report)
+
+
 @pytest.mark.parametrize("name", ["softmax_fwdbwd", "adamw_bert", "dien_attention_fwdbwd", "layernorm_fwdbwd"])
 def test_launches_outside_command_buffers_match_xla(monkeypatch, name):
     """JAXSTITCH_TUNE=cmd_buffers=0: the same kernels launched through the handler registered

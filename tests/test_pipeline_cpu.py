@@ -713,7 +713,33 @@ def test_column_sums_finish_in_the_planned_groups(spec, group, monkeypatch):
     assert f"cg += gridDim.x * {group})" in k.source and "#pragma unroll 4" in k.source
 
 
-@pytest.mark.parametrize("spec", ["col_group=3", "col_group=64", "batched_folds=3"])
+@needs_nvrtc
+def test_one_wave_grids_are_the_resident_blocks(monkeypatch):
+    """JAXSTITCH_TUNE=one_wave=1: a row kernel whose registers leave fewer blocks an SM than its
+    plan's grid assumed launches one wave of them (the cubin's registers, block and shared memory);
+    a grid-barrier kernel keeps its plan (the launcher clamps it); the default keeps every grid."""
+    x = S((49152, 512), jnp.bfloat16)
+    ln = (S((4096, 768), jnp.bfloat16), S((768,), jnp.bfloat16), S((768,), jnp.bfloat16), S((4096, 768), jnp.bfloat16))
+    target = jaxstitch.get_target("h100")
+
+    def kernels():
+        soft = [c for c in _program(softmax_fwdbwd, [x, x]).regions if c.stitched]
+        norm = [c for c in _program(WORKLOADS["layernorm_fwdbwd"].fn, list(ln)).regions if c.stitched]
+        return soft + norm
+
+    planned = kernels()
+    monkeypatch.setenv("JAXSTITCH_TUNE", "one_wave=1")
+    for before, after in zip(planned, kernels(), strict=True):
+        m0, m1 = before.plan.kernel.mapping, after.plan.kernel.mapping
+        if m0.cooperative:
+            assert m1 == m0
+            continue
+        per_sm = min(target.blocks_by_registers(m0.block, after.registers), target.max_threads_per_sm // m0.block)
+        assert m1.grid == min(m0.grid, per_sm * target.sm_count) and m1.grid_cap <= per_sm * target.sm_count
+        assert after.source == before.source
+
+
+@pytest.mark.parametrize("spec", ["col_group=3", "col_group=64", "batched_folds=3", "one_wave=2"])
 def test_knobs_reject_values_they_do_not_have(spec):
     with pytest.raises(ValueError, match=spec):
         Tuning.parse(spec)

@@ -107,7 +107,11 @@ class Tuning:
     nodes; 0 (the default: session 38 measured no gain on BERT's or GPT's step) launches every
     kernel through the launcher; `col_group`: columns a block finishes together after a grid
     barrier (0, the default: the fewest that leave a group to nearly every block, planner.column_group;
-    8 was the only choice before session 44)."""
+    8 was the only choice before session 44); `one_wave`: 1 launches a grid-stride row kernel with
+    as many blocks as its cubin lets reside at once (mapping.one_wave), where the plan's grid (8
+    blocks of 256 an SM) needs more registers than the kernel leaves: GPT's attention softmax, 73
+    registers, ran 1056 blocks in 2.67 waves of 396; 0 (the default, not yet measured on a GPU)
+    keeps the plan's grid."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -139,11 +143,13 @@ class Tuning:
     cmd_buffers: int = 1
     xla_kernels: int = 0
     col_group: int = 0
+    one_wave: int = 0
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
               "scan_sums", "pairs", "serpentine", "scatters", "wide_scatters", "merge_products",
-              "batched_folds", "product_concats", "cut_saving_us", "cmd_buffers", "xla_kernels", "col_group")
+              "batched_folds", "product_concats", "cut_saving_us", "cmd_buffers", "xla_kernels", "col_group",
+              "one_wave")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
@@ -163,6 +169,8 @@ class Tuning:
             raise ValueError(f"stages={t.stages}: must be 0, 1 or 2")
         if t.batched_folds not in (0, 1, 2):
             raise ValueError(f"batched_folds={t.batched_folds}: must be 0 (none), 1 (those an op computes with) or 2 (every one)")
+        if t.one_wave not in (0, 1):
+            raise ValueError(f"one_wave={t.one_wave}: must be 0 or 1")
         if t.col_group not in (0, 1, 2, 4, 8, 16, 32):
             raise ValueError(f"col_group={t.col_group}: must be 0 (chosen by the shape) or a power of two up to 32")
         if not 32 <= t.min_threads <= 2048:
@@ -568,3 +576,16 @@ def _paired_shape(c: int, vec: int, tpr: int, vpt: int, chunks: int, h: int,
         raise Unplannable(f"no pairing of halves of {h} columns with {tpr} threads of {vpt} vectors "
                           f"of {vec} per row of {c}")
     return vec, tpr, vpt
+
+
+def one_wave(mp: Mapping, registers: int, target) -> Mapping:
+    """A grid-stride row kernel's grid as the blocks resident at once by its compiled registers,
+    block size and shared memory (Tuning.one_wave): every block then walks about as many row
+    groups as the others, with no late wave of blocks starting while the first ones finish. A
+    cooperative kernel already runs one wave (the launcher clamps it)."""
+    if mp.cooperative or not registers:
+        return mp
+    per_sm = min(target.max_threads_per_sm // mp.block, target.blocks_by_registers(mp.block, registers),
+                 target.smem_per_sm // (mp.smem_bytes + STATIC_SMEM_RESERVE))
+    wave = max(1, per_sm) * target.sm_count
+    return dataclasses.replace(mp, grid=min(mp.grid, wave), max_grid=min(mp.max_grid, wave))
