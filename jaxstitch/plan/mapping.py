@@ -108,9 +108,9 @@ class Tuning:
     kernel through the launcher; `col_group`: columns a block finishes together after a grid
     barrier (0, the default: the fewest that leave a group to nearly every block, planner.column_group;
     8 was the only choice before session 44); `one_wave`: 1 launches a grid-stride row kernel with
-    as many blocks as its cubin lets reside at once (mapping.one_wave), where the plan's grid (8
-    blocks of 256 an SM) needs more registers than the kernel leaves: GPT's attention softmax, 73
-    registers, ran 1056 blocks in 2.67 waves of 396; 0 (the default, not yet measured on a GPU)
+    as many blocks as its cubin lets reside at once (mapping.one_wave), where its registers leave
+    fewer blocks an SM than the plan's grid assumed (8 of 256): GPT's attention softmax, 73
+    registers, runs 1056 blocks in 2.67 waves of 396; 0 (the default, not yet measured on a GPU)
     keeps the plan's grid."""
 
     max_tpr: int = 1024
