@@ -35,7 +35,7 @@ import dataclasses
 from typing import Callable, Sequence
 
 from . import ir, ops as opdefs
-from .transposed_products import count_users, swappable, swapped_product
+from .transposed_products import count_users, readers_by_id, swappable, swapped_product
 
 FOLDED = "batched products reordered"  # the report's name for the transposes this module removes
 
@@ -58,16 +58,16 @@ def fold_batched(eqns: Sequence, outputs: Sequence[ir.Atom],
     return eqns, n_out + n_in
 
 
-def _computed_with(vid: int, readers: dict, outputs) -> bool:
+def _computed_with(vid: int, read_by: dict, outputs) -> bool:
     """Whether an op that computes (not a product, not a data-moving op) or a program output reads
     value `vid`, through reshapes. Products read a transpose in XLA's kernels either way, and XLA
     fuses a transpose into the slices and concatenations that read it (GPT's rotary backward)."""
     if any(isinstance(a, ir.Value) and a.id == vid for a in outputs):
         return True
-    for e in readers.get(vid, ()):
+    for e in read_by.get(vid, ()):
         name = e.primitive.name
         if name == "reshape":
-            if _computed_with(e.outputs[0].id, readers, outputs):
+            if _computed_with(e.outputs[0].id, read_by, outputs):
                 return True
         elif name not in opdefs.COMPUTE_BOUND and name not in opdefs.VIEWS:
             return True
@@ -77,11 +77,7 @@ def _computed_with(vid: int, readers: dict, outputs) -> bool:
 def _fold_outputs(eqns: list, outputs, new_value, opening_only: bool = False) -> tuple[list, int]:
     users = count_users(eqns, outputs)
     producer = {o.id: i for i, e in enumerate(eqns) for o in e.outputs}
-    readers = collections.defaultdict(list)
-    for e in eqns:
-        for a in e.inputs:
-            if isinstance(a, ir.Value):
-                readers[a.id].append(e)
+    read_by = readers_by_id(eqns) if opening_only else {}
     replaced: dict[int, list] = {}  # transpose's index -> the equations written for it
     for i, e in enumerate(eqns):
         if e.primitive.name != "transpose" or not isinstance(e.inputs[0], ir.Value):
@@ -89,7 +85,7 @@ def _fold_outputs(eqns: list, outputs, new_value, opening_only: bool = False) ->
         p = producer.get(e.inputs[0].id)
         if p is None or users[e.inputs[0].id] != 1 or not _foldable(eqns[p]):
             continue
-        if opening_only and not _computed_with(e.outputs[0].id, readers, outputs):
+        if opening_only and not _computed_with(e.outputs[0].id, read_by, outputs):
             continue
         perm = _swapped_permutation(eqns[p], tuple(e.params["permutation"]))
         if perm is None:

@@ -37,6 +37,7 @@ from jax import lax
 
 from . import ir
 from .ops import ELEMENTWISE, LAYOUT, VIEWS
+from .transposed_products import readers_by_id
 
 MERGED = "matrix products merged"  # the report's name for the products this module removes
 _FUSIBLE = ELEMENTWISE | LAYOUT | VIEWS
@@ -311,11 +312,7 @@ def mark_product_concatenations(eqns: Sequence, outputs: Sequence[ir.Atom]) -> t
     (`JAXSTITCH_TUNE=product_concats=1`): that region's kernel, the one it would make ours, needs 168
     registers a thread with the GPU machines' NVRTC and is declined there; built anyway (the cap
     lifted at 4 rows a warp), GPT bfloat16's step was slower, 11.63 -> 11.86 ms busy."""
-    users = collections.defaultdict(list)
-    for e in eqns:
-        for a in e.inputs:
-            if isinstance(a, ir.Value):
-                users[a.id].append(e)
+    users = readers_by_id(eqns)
     out_ids = {a.id for a in outputs if isinstance(a, ir.Value)}
 
     def only_products(v) -> bool:

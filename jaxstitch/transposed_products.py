@@ -55,6 +55,16 @@ def count_users(eqns: Sequence, outputs: Sequence[ir.Atom]) -> collections.Count
     return users
 
 
+def readers_by_id(eqns: Sequence) -> dict[int, list]:
+    """The equations reading each value, by id, in program order."""
+    read_by = collections.defaultdict(list)
+    for e in eqns:
+        for a in e.inputs:
+            if isinstance(a, ir.Value):
+                read_by[a.id].append(e)
+    return read_by
+
+
 def swappable(product) -> bool:
     """A dot_general over two values, as written (no sharding: a sharding names the axes as they
     are), whose operands may be swapped."""

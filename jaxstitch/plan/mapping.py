@@ -586,6 +586,6 @@ def one_wave(mp: Mapping, registers: int, target) -> Mapping:
     if mp.cooperative or not registers:
         return mp
     per_sm = min(target.max_threads_per_sm // mp.block, target.blocks_by_registers(mp.block, registers),
-                 target.smem_per_sm // (mp.smem_bytes + STATIC_SMEM_RESERVE))
+                 _per_sm_by_smem(mp.smem_bytes, target))
     wave = max(1, per_sm) * target.sm_count
     return dataclasses.replace(mp, grid=min(mp.grid, wave), max_grid=min(mp.max_grid, wave))
