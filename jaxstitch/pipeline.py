@@ -5,7 +5,7 @@ import dataclasses
 import logging
 import os
 
-from . import ir, ops as opdefs, partition as partition_mod, trace as trace_mod
+from . import ir, ops as opdefs, partition as partition_mod, trace as trace_mod, wide_converts
 from .config import Config
 from .kernels import cache, nvrtc
 from .lowering import codegen
@@ -251,6 +251,8 @@ def stage(traced: trace_mod.Traced, target: Target, cfg: Config,
     on every region's first plan in the background (NVRTC releases the GIL): a program's kernels
     then compile side by side, and beside whatever is planned before `complete` (families.py plans
     a second sample meanwhile)."""
+    if cfg.tuning.wide_converts:
+        traced = widened(traced)
     if regions_of is not None:
         part = partition_mod.resized(regions_of, traced.graph)
     else:
@@ -271,6 +273,18 @@ def complete(staged: Staged, target: Target, cfg: Config, bodies: bool = True) -
     if cfg.dump_dir:
         _dump(program, cfg.dump_dir)
     return program
+
+
+def widened(traced: trace_mod.Traced) -> trace_mod.Traced:
+    """`traced` with its conversions to bfloat16 that need no rounding in our kernels marked
+    (wide_converts.py; JAXSTITCH_TUNE=wide_converts=1), counted among the report's rewritten
+    equations."""
+    graph = wide_converts.widen(traced.graph)
+    kept = sum(1 for op in graph.ops if op.param(wide_converts.KEEP_FLOAT))
+    if not kept:
+        return traced
+    return dataclasses.replace(traced, graph=graph, rewritten=tuple(sorted(
+        dict(traced.rewritten, **{wide_converts.REPORTED: kept}).items())))
 
 
 def prefetch(region, target: Target, cfg: Config):

@@ -15,12 +15,16 @@ import collections
 import dataclasses
 from typing import Callable
 
-from . import ir, ops as opdefs
+from . import ir, ops as opdefs, wide_converts
 from .partition import TABLE_RATIO, Partition, Region
 from .plan import positions
 
 MAX_CHAIN_OPS = 8      # ops recomputed for one input
 MAX_BYTES_RATIO = 0.75  # the leaves' new bytes against the input's, at most
+# A chain that rounds a float to bfloat16 which the region computes with unrounded
+# (wide_converts.py) is taken in for consistency even where its leaves cost more bytes, up to this
+# share of the region's largest value: see _unrounds.
+MAX_UNROUNDED_SHARE = 1 / 16
 
 
 def recompute_cheap_inputs(graph: ir.Graph, part: Partition, fits: Callable[[Region], bool],
@@ -181,11 +185,32 @@ def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir
         if not chain:
             continue
         candidate = _with_ops(r, chain)
-        if v in candidate.inputs or _new_bytes(candidate, r, hidden) > MAX_BYTES_RATIO * _bytes_of(v, sole):
+        if v in candidate.inputs:
+            continue
+        extra = _new_bytes(candidate, r, hidden)
+        if extra > MAX_BYTES_RATIO * _bytes_of(v, sole) and not (
+                _unrounds(chain) and extra <= MAX_UNROUNDED_SHARE * _largest_bytes(r)):
             continue
         if fits(candidate):
             r = candidate
     return r
+
+
+def _unrounds(chain: list[ir.Op]) -> bool:
+    """Whether `chain` rounds a float to bfloat16 that our kernels compute with unrounded
+    (wide_converts.py): a softmax's sum of exponentials, which its forward kernel divides by
+    unrounded and writes rounded. A backward kernel that reads the rounded sum while it recomputes
+    the exponentials in float breaks the identity its `p * (dp - sum(p * dp))` relies on, that
+    the exponentials add up to their sum: its rows then no longer add up to 0 (an attention block's
+    key-bias gradient, exactly 0, came out 2-5x further from 0 than jax.jit's, whose backward
+    fusion reads the float32 sum). Reading the float32 sum costs twice the bytes of the rounded
+    one, a row's value, next to the rows themselves."""
+    return any(op.param(wide_converts.KEEP_FLOAT) for op in chain)
+
+
+def _largest_bytes(r: Region) -> int:
+    return max((v.size * v.itemsize for op in r.ops for v in op.inputs + op.outputs if isinstance(v, ir.Value)),
+               default=0)
 
 
 def _adopt_shared_leaves(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir.Value],

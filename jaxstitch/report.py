@@ -101,7 +101,9 @@ _WRITTEN_OUT = {"random_bits": "threefry's integer ops: prng.py",
                 "matrix products merged": "into products of concatenations their producers write: "
                                           "merged_products.py",
                 "transposed products folded": "the product written with its operands swapped: "
-                                              "transposed_products.py"}
+                                              "transposed_products.py",
+                "conversions to bfloat16 unrounded": "only arithmetic reads them, as XLA's excess "
+                                                     "precision: wide_converts.py"}
 
 
 def make_report(program: Program, cache: Stats | None = None, symbolic: bool = False,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .. import ir
+from .. import ir, ops as opdefs
 
 CTYPE = {"float32": "float", "bfloat16": "float", "float16": "float", "int32": "int", "uint32": "unsigned",
          "bool": "bool"}
@@ -46,13 +46,35 @@ def rounded_float(op: ir.Op) -> ir.Atom | None:
     return None
 
 
+ROUND = {"bfloat16": "js_round_bf16", "float16": "js_round_f16"}
+
+
+def written_half(region, loaded) -> dict[int, str]:
+    """The half-precision values a kernel computes and also writes (by the root id layout ops
+    alias them to), with their dtypes: its own readers must read them rounded, as written. A
+    kernel reading the float a neighbour gets rounded breaks identities between them: a softmax's
+    row max, written in bfloat16 for its backward, which recomputes the exponentials from it, was
+    subtracted unrounded in the forward kernel, so the backward's exponentials no longer added up
+    to the sum the forward wrote (an attention block's bfloat16 gradients ended 1.5-5x further from
+    float32 than jax.jit's, H100, session 45). `loaded`: ids read from memory (rounded already)."""
+    alias = {op.outputs[0].id: op.inputs[0].id for op in region.ops
+             if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Value)}
+
+    def root(vid):
+        while vid in alias:
+            vid = alias[vid]
+        return vid
+    return {root(o.id): o.dtype for o in region.outputs
+            if o.dtype in ROUND and root(o.id) not in loaded}
+
+
 def _convert(op: ir.Op, a):
     src, dst = op.inputs[0].dtype, op.outputs[0].dtype
     cs, cd = CTYPE[src], CTYPE[dst]
     x = a[0]
     if cd == "float":
         base = x if cs == "float" else f"((float)({x}))"
-        if dst == "bfloat16" and src != "bfloat16":
+        if dst == "bfloat16" and src != "bfloat16" and not op.param("keep_float"):  # wide_converts.py
             return f"js_round_bf16({base})"
         if dst == "float16" and src != "float16":
             return f"js_round_f16({base})"

@@ -73,7 +73,7 @@ def render_epilogue(k: Kernel, w: Writer, shared: Writer, grid_ops, epi_ops):
     for v in scalar_outs:  # a scalar, or one broadcast to rows or to the full [N, C]: every element
         j = k.outputs.index(v)
         w(f"for (long long i = (long long)blockIdx.x * BLOCK + tid; i < {v.size}LL; i += (long long)gridDim.x * BLOCK) "
-          f"out{j}[i] = js_io<{STYPE[v.dtype]}>::put({k.ref(v)});")
+          f"out{j}[i] = js_io<{STYPE[v.dtype]}>::put({k.ref(v, stored=True)});")
     if col_ops:
         # A block finishes a group of G columns (planner.column_group): its threads stride over the
         # blocks' partials rows, then combine in a fixed tree (lanes, then warps through shared
@@ -106,7 +106,7 @@ def render_epilogue(k: Kernel, w: Writer, shared: Writer, grid_ops, epi_ops):
             k.emit_op(inner, op)
         for j, v in enumerate(k.outputs):
             if layout.of(v).level == EPILOGUE and layout.of(v).storage == COL:
-                put = f"js_io<{STYPE[v.dtype]}>::put({k.ref(v)})"
+                put = f"js_io<{STYPE[v.dtype]}>::put({k.ref(v, stored=True)})"
                 if layout.of(v).declared == FULL:  # column values broadcast over the rows
                     inner(f"for (long long r = 0; r < N_ROWS; ++r) out{j}[r * N_COLS + c] = {put};")
                 else:

@@ -16,7 +16,8 @@ from .. import ir, ops as opdefs
 from ..plan import KernelPlan
 from ..plan.layout import COL, EPILOGUE, FULL, GATHER, PAIR_HALF, PAIR_SWAP, ROW, SCALAR, row_axes
 from ..plan.views import merged_axes
-from .cuda_ops import CTYPE, SCAN, STYPE, bool_factor, expression, literal, rounded_float, select_product
+from .cuda_ops import (CTYPE, ROUND, SCAN, STYPE, bool_factor, expression, literal, rounded_float, select_product,
+                       written_half)
 
 KERNEL_NAME = "jaxstitch_kernel"
 
@@ -82,6 +83,7 @@ class Kernel:
         self.alias: dict[int, int] = {}
         self.inputs = {v.id: i for i, v in enumerate(plan.region.inputs)}
         self.outputs = list(plan.region.outputs)
+        self.rounds_written = written_half(plan.region, self.inputs)
         self.split = self.m.splits > 1
         self.exact_cols = (self.m.chunks * self.m.vpt * self.m.tpr * self.m.vec == self.m.slice_cols
                            and self.m.slice_cols * self.m.splits == self.m.n_cols)
@@ -136,14 +138,19 @@ class Kernel:
     def is_array(self, v: ir.Value) -> bool:
         return self.placed(v).storage in (FULL, COL) and self.placed(v).level != EPILOGUE
 
-    def ref(self, a: ir.Atom, e: str = "e") -> str:
+    def ref(self, a: ir.Atom, e: str = "e", stored: bool = False) -> str:
+        """The C expression of `a`'s element `e`: a half-precision value the kernel also writes is
+        read rounded, as written (see written_half), except by its store (`stored`)."""
         if isinstance(a, ir.Const):
             return literal(a.value, a.dtype)
         root = self.root(a.id)
         name = f"v{root}"
         if self.phase is not None and self.def_phase.get(root, self.phase) != self.phase:
             name = self.rematerialize(root)
-        return f"{name}[{e}]" if self.is_array(a) else name
+        expr = f"{name}[{e}]" if self.is_array(a) else name
+        if root in self.rounds_written and not stored:
+            return f"{ROUND[self.rounds_written[root]]}({expr})"
+        return expr
 
     def rematerialize(self, root: int) -> str:
         key = (root, self.phase)
@@ -437,7 +444,7 @@ class Kernel:
         w(f"  if ({guard}col0 < ROW_COLS) {{")
         src = self.rounded_from.get(self.root(v.id), v)
         w(f"    {self.ctype(src)} t[V];")
-        w("    for (int i = 0; i < V; ++i) { const int e = k * V + i; t[i] = " + self.ref(src) + "; }")
+        w("    for (int i = 0; i < V; ++i) { const int e = k * V + i; t[i] = " + self.ref(src, stored=True) + "; }")
         stream = ", true" if self.partial_stash else ""  # streamed past L2 (see js_store)
         w(f"    js_store<{st}, V{stream}>(out{out_index} + {base}col0, t);")
         w("  }")
@@ -456,7 +463,7 @@ class Kernel:
             if where == "chunk" and p.declared == FULL:
                 self.store_array(w, o, j, "row_ok && ", "row * N_COLS + ROW_C0 + ")
             elif where == "row" and p.declared == ROW:
-                w(f"if (row_ok && lane == 0 && ROW_C0 == 0) out{j}[row] = js_io<{st}>::put({self.ref(o, '0')});")
+                w(f"if (row_ok && lane == 0 && ROW_C0 == 0) out{j}[row] = js_io<{st}>::put({self.ref(o, '0', stored=True)});")
             elif p.declared == COL and (where, self.chunked and p.storage == COL) in (("prologue", False), ("chunk", True)):
                 if where == "chunk":  # the row-0 tasks (every slice of row 0)
                     w("if (row == 0) {")
@@ -466,7 +473,7 @@ class Kernel:
                     self.store_array(w, o, j, "", "")
                 w("}")
             elif where == "prologue" and p.declared == SCALAR:
-                w(f"if (blockIdx.x == 0 && tid == 0) out{j}[0] = js_io<{st}>::put({self.ref(o, '0')});")
+                w(f"if (blockIdx.x == 0 && tid == 0) out{j}[0] = js_io<{st}>::put({self.ref(o, '0', stored=True)});")
 
 
 def _affine(dims, var: str, column: bool = False) -> str:

@@ -17,7 +17,8 @@ import string
 from .. import ir, ops as opdefs
 from ..plan import tile as T
 from ..plan.layout import Unplannable
-from .cuda_ops import CTYPE, REDUCE, STYPE, bool_factor, expression, literal, rounded_float, select_product
+from .cuda_ops import (CTYPE, REDUCE, ROUND, STYPE, bool_factor, expression, literal, rounded_float, select_product,
+                       written_half)
 from .kernel import KERNEL_NAME, Writer, template
 
 _SIZE = {T.N: "N_ROWS", T.A: "TA", T.B: "TB"}
@@ -38,6 +39,7 @@ class _Emitter:
         self.plan = plan
         self.inputs = {v.id: i for i, v in enumerate(plan.region.inputs)}
         self.outputs = list(plan.region.outputs)
+        self.rounds_written = written_half(plan.region, self.inputs)
         self.producer = {o.id: op for op in plan.region.ops for o in op.outputs}
         self.consts = {op.outputs[0].id: op.inputs[0] for op in plan.region.ops
                        if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Const)}
@@ -53,7 +55,15 @@ class _Emitter:
     def ctype(self, v: ir.Value) -> str:
         return CTYPE[v.dtype]
 
-    def ref(self, a: ir.Atom) -> str:
+    def ref(self, a: ir.Atom, stored: bool = False) -> str:
+        """`a`'s C expression; a half-precision value the kernel also writes is read rounded, as
+        written (cuda_ops.written_half), except by its store (`stored`)."""
+        expr = self._ref(a)
+        if not stored and isinstance(a, ir.Value) and self.plan.root(a.id) in self.rounds_written:
+            return f"{ROUND[self.rounds_written[self.plan.root(a.id)]]}({expr})"
+        return expr
+
+    def _ref(self, a: ir.Atom) -> str:
         if isinstance(a, ir.Const):
             return literal(a.value, a.dtype)
         rid = self.plan.root(a.id)
@@ -127,7 +137,7 @@ class _Emitter:
         output's half type is stored from the float)."""
         op = self.producer.get(self.plan.root(o.id))
         src = rounded_float(op) if op is not None and op.outputs[0].dtype == o.dtype else None
-        return self.ref(o if src is None else src)
+        return self.ref(o if src is None else src, stored=True)
 
     def store(self, w: Writer, j: int, o: ir.Value, expr: str, guard: str = ""):
         w(f"{'if (' + guard + ') ' if guard else ''}out{j}[{_index(self.plan.out_kind(o))}] = "

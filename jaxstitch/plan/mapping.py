@@ -110,8 +110,13 @@ class Tuning:
     8 was the only choice before session 44); `one_wave`: 1 launches a grid-stride row kernel with
     as many blocks as its cubin lets reside at once (mapping.one_wave), where its registers leave
     fewer blocks an SM than the plan's grid assumed (8 of 256): GPT's attention softmax, 73
-    registers, runs 1056 blocks in 2.67 waves of 396; 0 (the default, not yet measured on a GPU)
-    keeps the plan's grid."""
+    registers, runs 1056 blocks in 2.67 waves of 396; 0 (the default: no gain on GPT's or BERT's
+    bfloat16 step, H100, session 45) keeps the plan's grid; `wide_converts`: 1 computes on a
+    conversion to bfloat16 unrounded where only arithmetic reads it (wide_converts.py), and has a
+    backward read a softmax's float32 sum (recompute._unrounds); 0 (the default) rounds every one,
+    as the jaxpr says: 1 moved an attention block's bfloat16 gradients a little nearer float32 but
+    rounded less than XLA does on Hopper, whose bfloat16 max, sub and exp are native (a DIEN-like
+    tile kernel then ended 8% of its largest value from jax.jit's; H100, session 45)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -144,12 +149,13 @@ class Tuning:
     xla_kernels: int = 0
     col_group: int = 0
     one_wave: int = 0
+    wide_converts: int = 0
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
               "scan_sums", "pairs", "serpentine", "scatters", "wide_scatters", "merge_products",
               "batched_folds", "product_concats", "cut_saving_us", "cmd_buffers", "xla_kernels", "col_group",
-              "one_wave")
+              "one_wave", "wide_converts")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
@@ -169,8 +175,9 @@ class Tuning:
             raise ValueError(f"stages={t.stages}: must be 0, 1 or 2")
         if t.batched_folds not in (0, 1, 2):
             raise ValueError(f"batched_folds={t.batched_folds}: must be 0 (none), 1 (those an op computes with) or 2 (every one)")
-        if t.one_wave not in (0, 1):
-            raise ValueError(f"one_wave={t.one_wave}: must be 0 or 1")
+        for name in ("one_wave", "wide_converts"):
+            if getattr(t, name) not in (0, 1):
+                raise ValueError(f"{name}={getattr(t, name)}: must be 0 or 1")
         if t.col_group not in (0, 1, 2, 4, 8, 16, 32):
             raise ValueError(f"col_group={t.col_group}: must be 0 (chosen by the shape) or a power of two up to 32")
         if not 32 <= t.min_threads <= 2048:

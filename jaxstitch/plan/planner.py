@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from .. import ir, ops as opdefs
 from ..partition import Region
@@ -141,8 +142,13 @@ def fast_exp(region: Region) -> bool:
     floating input is half precision. The exp's error, at most ~2^-22 + |x| 2^-24 relative (under
     1e-5 over the whole range exp is finite in), is far under the 2^-9 (bfloat16) or 2^-12 (float16)
     the inputs are known to, so no output moves by more than its inputs' rounding makes it
-    uncertain. Results below 2^-126 flush to zero."""
-    floats = [v.dtype for v in region.inputs if v.dtype in ir.FLOAT_DTYPES]
+    uncertain. Results below 2^-126 flush to zero. A float32 row statistic (one value a row of
+    the largest input) does not count: read beside half-precision rows (a softmax's sum,
+    recompute._unrounds), it is no more exact than the rows it was made from; a float32 parameter
+    (a column vector) does."""
+    full = max((v.shape for v in region.inputs), key=math.prod, default=())
+    floats = [v.dtype for v in region.inputs if v.dtype in ir.FLOAT_DTYPES
+              and not (v.dtype == "float32" and full and v.shape in (full[:-1], full[:-1] + (1,)))]
     return bool(floats) and all(d in ir.HALF_DTYPES for d in floats) and any(op.prim in ("exp", "erfc")
                                                                          for op in region.ops)
 

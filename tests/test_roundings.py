@@ -1,0 +1,125 @@
+"""Where our kernels round half-precision values (wide_converts.py, cuda_ops.written_half,
+recompute._unrounds): on the CPU, from the graph, the plans and the generated source. The GPU
+comparison is test_gpu_correctness.py's test_attention_gradients_keep_their_identities."""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxstitch
+from jaxstitch import config, ir, pipeline, trace as trace_mod, wide_converts
+from jaxstitch.lowering import codegen
+from jaxstitch.plan import mapping
+
+from test_batched_products import bias_attention_grads, bias_specs
+
+S = jax.ShapeDtypeStruct
+
+
+def _graph(fn, *specs) -> ir.Graph:
+    return trace_mod.trace(fn, list(specs), trace_mod.positional_tree(specs)).graph
+
+
+def _marked(fn, *specs) -> list[ir.Op]:
+    return [op for op in wide_converts.widen(_graph(fn, *specs)).ops if op.param(wide_converts.KEEP_FLOAT)]
+
+
+def _softmax(x):
+    return jax.nn.softmax(x, axis=-1)
+
+
+def test_a_softmax_divides_by_its_unrounded_sum():
+    """jax.nn.softmax in bfloat16 sums in float32 and converts the sum to bfloat16 before dividing:
+    only a divide reads it, so the conversion keeps the float (XLA's SimplifyFPConversions)."""
+    (op,) = _marked(_softmax, S((64, 128), jnp.bfloat16))
+    assert op.inputs[0].dtype == "float32" and op.outputs[0].dtype == "bfloat16"
+    assert not _marked(_softmax, S((64, 128), jnp.float32))
+    assert not _marked(_softmax, S((64, 128), jnp.float16))  # (float16's rounding may overflow)
+
+
+def _compared(x):
+    y = x.astype(jnp.bfloat16)
+    return y * 2, y == jnp.bfloat16(1)
+
+
+def _compared_through_a_reshape(x):
+    y = x.astype(jnp.bfloat16)
+    return y * 2, jnp.max(y.reshape(8, 16), axis=-1) > 0
+
+
+def _to_int(x):
+    y = x.astype(jnp.bfloat16)
+    return y * 2, y.astype(jnp.int32)
+
+
+def _selected(x, p):
+    y = x.astype(jnp.bfloat16)
+    return jnp.where(p, y, jnp.bfloat16(0)) / 3
+
+
+@pytest.mark.parametrize("fn,marked", [(_compared, 0), (_compared_through_a_reshape, 0), (_to_int, 0), (_selected, 1)],
+                         ids=["compare", "compare_after_reshape_and_max", "to_int", "select_then_divide"])
+def test_discrete_readers_keep_the_rounding(fn, marked):
+    """A compare or a conversion to an integer reads the rounded value (directly, or through ops
+    passing values along): the conversion keeps its rounding. A select passes it to a divide."""
+    specs = [S((128,), jnp.float32)] + ([S((128,), jnp.bool_)] if fn is _selected else [])
+    assert len(_marked(fn, *specs)) == marked
+
+
+def _kernel_sources(fn, specs, tune: str = ""):
+    cfg = config.load()
+    if tune:
+        cfg = dataclasses.replace(cfg, tuning=mapping.Tuning.parse(tune))
+    tree = jax.tree_util.tree_structure((tuple(specs), {}))
+    program = pipeline.build(fn, list(specs), tree, jaxstitch.get_target("h100"), cfg)
+    return {r.plan.region.id: codegen.render(r.plan.kernel).code for r in program.regions if r.stitched}, program
+
+
+ATTENTION = bias_specs(jnp.bfloat16, 3, 72, 3 * 40)
+
+
+def _softmax_regions(program):
+    return [r for r in program.regions if r.stitched and any(op.prim == "exp" for op in r.plan.region.ops)]
+
+
+def test_a_written_value_is_read_rounded_in_its_own_kernel():
+    """The attention forward writes its row max in bfloat16 (its backward recomputes the
+    exponentials from it): the forward subtracts the rounded max too, and stores it once rounded."""
+    sources, program = _kernel_sources(bias_attention_grads, ATTENTION)
+    forward = min(_softmax_regions(program), key=lambda r: r.plan.region.id)
+    code = sources[forward.plan.region.id]
+    written = {o.id for o in forward.plan.region.outputs if o.dtype == "bfloat16"}
+    subtracted = re.findall(r"- js_round_bf16\(v(\d+)\)\)", code)
+    assert subtracted and {int(v) for v in subtracted} <= written, code
+    assert not re.search(r"::put\(js_round_bf16", code)  # (the store rounds once)
+
+
+def test_the_backward_reads_the_forward_sum_in_float32():
+    """With wide_converts=1, the softmax backward takes in the conversion of the forward's float32
+    sum (recompute._unrounds), so it divides by what the forward divided by, and keeps the fast
+    exp; without it, it reads the bfloat16 sum the forward writes and reads itself."""
+    _, program = _kernel_sources(bias_attention_grads, ATTENTION, "wide_converts=1")
+    forward, backward = sorted(_softmax_regions(program), key=lambda r: r.plan.region.id)
+    sums = [v for v in backward.plan.region.inputs if v.dtype == "float32"]
+    assert sums and all(v in forward.plan.region.outputs for v in sums)
+    assert backward.plan.kernel.fast_exp
+    _, rounded = _kernel_sources(bias_attention_grads, ATTENTION)  # (wide_converts=0, the default)
+    _, backward0 = sorted(_softmax_regions(rounded), key=lambda r: r.plan.region.id)
+    assert not [v for v in backward0.plan.region.inputs if v.dtype == "float32"]
+
+
+def test_the_report_counts_the_conversions(monkeypatch):
+    assert "unrounded" not in str(jaxstitch.explain(bias_attention_grads, *ATTENTION, target="h100"))
+    monkeypatch.setenv("JAXSTITCH_TUNE", "wide_converts=1")
+    rep = str(jaxstitch.explain(bias_attention_grads, *ATTENTION, target="h100"))
+    assert re.search(r"\d+ conversions to bfloat16 unrounded", rep), rep
+
+
+def test_wide_converts_takes_0_or_1():
+    assert mapping.Tuning.parse("wide_converts=0").wide_converts == 0
+    with pytest.raises(ValueError, match="wide_converts=2"):
+        mapping.Tuning.parse("wide_converts=2")
