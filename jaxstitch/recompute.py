@@ -198,19 +198,18 @@ def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir
 
 def _unrounds(chain: list[ir.Op]) -> bool:
     """Whether `chain` rounds a float to bfloat16 that our kernels compute with unrounded
-    (wide_converts.py): a softmax's sum of exponentials, which its forward kernel divides by
-    unrounded and writes rounded. A backward kernel that reads the rounded sum while it recomputes
-    the exponentials in float breaks the identity its `p * (dp - sum(p * dp))` relies on, that
-    the exponentials add up to their sum: its rows then no longer add up to 0 (an attention block's
-    key-bias gradient, exactly 0, came out 2-5x further from 0 than jax.jit's, whose backward
-    fusion reads the float32 sum). Reading the float32 sum costs twice the bytes of the rounded
-    one, a row's value, next to the rows themselves."""
+    (wide_converts.py, JAXSTITCH_TUNE=wide_converts=1): a softmax's sum of exponentials, which its
+    forward kernel then divides by unrounded. Its backward reads the float32 sum too, and divides
+    by the same value, where it would otherwise read the rounded one: the identity its
+    `p * (dp - sum(p * dp))` relies on, that the exponentials add up to their sum, then holds to
+    float32 (with it, an attention block's exactly-0 key-bias gradient came out 0.6-1.0 from 0
+    against 0.8-1.5 without, H100, session 45). The float32 sum costs twice the bytes of the
+    rounded one, a row's value, next to the rows themselves."""
     return any(op.param(wide_converts.KEEP_FLOAT) for op in chain)
 
 
 def _largest_bytes(r: Region) -> int:
-    return max((v.size * v.itemsize for op in r.ops for v in op.inputs + op.outputs if isinstance(v, ir.Value)),
-               default=0)
+    return max((v.nbytes for op in r.ops for v in op.inputs + op.outputs if isinstance(v, ir.Value)), default=0)
 
 
 def _adopt_shared_leaves(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir.Value],

@@ -25,6 +25,7 @@ import dataclasses
 
 from . import ir
 from .ops import COMPUTE_BOUND, LAYOUT, VIEWS
+from .transposed_products import readers_by_id
 
 KEEP_FLOAT = "keep_float"
 REPORTED = "conversions to bfloat16 unrounded"  # the report's name for the marked conversions
@@ -42,11 +43,7 @@ PASSING = LAYOUT | VIEWS | frozenset({"select_n", "max", "min", "reduce_max", "r
 def widen(graph: ir.Graph) -> ir.Graph:
     """`graph` with every conversion to bfloat16 whose rounding no discrete op depends on marked
     `keep_float` (cuda_ops renders it without the rounding)."""
-    readers: dict[int, list[tuple[ir.Op, int]]] = {}
-    for op in graph.ops:
-        for i, a in enumerate(op.inputs):
-            if isinstance(a, ir.Value):
-                readers.setdefault(a.id, []).append((op, i))
+    readers = readers_by_id(graph.ops)
     ops = tuple(dataclasses.replace(op, params=op.params + ((KEEP_FLOAT, True),))
                 if _rounds(op) and _continuous(op.outputs[0].id, readers) else op
                 for op in graph.ops)
@@ -67,12 +64,12 @@ def _continuous(value_id: int, readers) -> bool:
         if vid in seen:
             continue
         seen.add(vid)
-        for op, i in readers.get(vid, ()):
+        for op in readers.get(vid, ()):
             if op.prim in ARITHMETIC or op.prim in COMPUTE_BOUND:
                 continue
             if op.prim == "convert_element_type" and op.outputs[0].dtype in ir.FLOAT_DTYPES:
                 continue
-            if op.prim in PASSING and not (op.prim == "select_n" and i == 0):
+            if op.prim in PASSING and not (op.prim == "select_n" and getattr(op.inputs[0], "id", None) == vid):
                 todo.extend(o.id for o in op.outputs)
                 continue
             return False

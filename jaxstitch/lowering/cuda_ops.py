@@ -49,21 +49,24 @@ def rounded_float(op: ir.Op) -> ir.Atom | None:
 ROUND = {"bfloat16": "js_round_bf16", "float16": "js_round_f16"}
 
 
-def written_half(region, loaded) -> dict[int, str]:
+def written_half(region, loaded, root=None) -> dict[int, str]:
     """The half-precision values a kernel computes and also writes (by the root id layout ops
     alias them to), with their dtypes: its own readers must read them rounded, as written. A
     kernel reading the float a neighbour gets rounded breaks identities between them: a softmax's
     row max, written in bfloat16 for its backward, which recomputes the exponentials from it, was
     subtracted unrounded in the forward kernel, so the backward's exponentials no longer added up
     to the sum the forward wrote (an attention block's bfloat16 gradients ended 1.5-5x further from
-    float32 than jax.jit's, H100, session 45). `loaded`: ids read from memory (rounded already)."""
-    alias = {op.outputs[0].id: op.inputs[0].id for op in region.ops
-             if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Value)}
+    float32 than jax.jit's, H100, session 45). `loaded`: ids read from memory (rounded already);
+    `root`: the kernel's own id -> root id (by default through layout ops, as a row kernel
+    aliases them)."""
+    if root is None:
+        alias = {op.outputs[0].id: op.inputs[0].id for op in region.ops
+                 if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Value)}
 
-    def root(vid):
-        while vid in alias:
-            vid = alias[vid]
-        return vid
+        def root(vid):
+            while vid in alias:
+                vid = alias[vid]
+            return vid
     return {root(o.id): o.dtype for o in region.outputs
             if o.dtype in ROUND and root(o.id) not in loaded}
 

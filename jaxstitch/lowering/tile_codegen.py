@@ -39,7 +39,7 @@ class _Emitter:
         self.plan = plan
         self.inputs = {v.id: i for i, v in enumerate(plan.region.inputs)}
         self.outputs = list(plan.region.outputs)
-        self.rounds_written = written_half(plan.region, self.inputs)
+        self.rounds_written = written_half(plan.region, self.inputs, plan.root)
         self.producer = {o.id: op for op in plan.region.ops for o in op.outputs}
         self.consts = {op.outputs[0].id: op.inputs[0] for op in plan.region.ops
                        if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Const)}
