@@ -739,7 +739,30 @@ def test_one_wave_grids_are_the_resident_blocks(monkeypatch):
         assert after.source == before.source
 
 
-@pytest.mark.parametrize("spec", ["col_group=3", "col_group=64", "batched_folds=3", "one_wave=2"])
+@needs_nvrtc
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_row_groups_load_through_a_ring_of_stages(stages, monkeypatch):
+    """JAXSTITCH_TUNE=stages=S: a layernorm backward's rows are staged through S buffers: S - 1
+    row groups copied before the loop, each turn refills the buffer its last group was read from,
+    S - 1 groups left in flight when it waits; the stash grows by a stage per buffer."""
+    x, c = S((4096, 768), jnp.bfloat16), S((768,), jnp.bfloat16)
+    monkeypatch.setenv("JAXSTITCH_TUNE", f"stages={stages}")
+    (k,) = [k for k in _program(WORKLOADS["layernorm_fwdbwd"].fn, [x, c, c, x]).regions if k.stitched]
+    m = k.plan.kernel.mapping
+    assert m.stages == stages and m.smem_bytes == stages * k.plan.kernel.stage_bytes and k.cubin
+    kernel = k.source[k.source.index("__global__"):]
+    prologue, loop = kernel.split("for (long long base", 1)
+    assert prologue.count("js_stage_commit();") == stages - 1
+    assert loop.count(f"js_stage_wait<{stages - 1}>();") == 1 and loop.count("js_stage_commit();") == 1
+    if stages == 2:  # the other buffer, as before the ring (the same source)
+        assert loop.index("js_buf ^= 1;") < loop.index("js_stage_commit();") < loop.index("js_stage_wait<1>();")
+    else:
+        previous = f"(js_buf == 0 ? {stages - 1} : js_buf - 1)"
+        assert f"js_dyn + {previous} * {k.plan.kernel.stage_bytes}" in loop
+        assert f"js_buf = js_buf == {stages - 1} ? 0 : js_buf + 1;" in loop
+
+
+@pytest.mark.parametrize("spec", ["col_group=3", "col_group=64", "batched_folds=3", "one_wave=2", "stages=5"])
 def test_knobs_reject_values_they_do_not_have(spec):
     with pytest.raises(ValueError, match=spec):
         Tuning.parse(spec)

@@ -19,7 +19,7 @@ from . import reductions, remote_codegen, scan_codegen, tile_codegen
 from .cuda_ops import CTYPE, REDUCE, STYPE
 from .epilogue import render_epilogue
 from .kernel import KERNEL_NAME, Kernel, Writer, template, vec_col, vec_col_definition  # noqa: F401 - KERNEL_NAME: the stitcher's
-from .staging import first_row_group, load_chunk, next_row_group, stage_rows
+from .staging import first_row_group, load_chunk, next_buffer, next_row_group, refill_ring, stage_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,17 +220,17 @@ def render(plan: KernelPlan | TilePlan | RemotePlan | ScanPlan) -> Source:
     # Body: one row per row group; phases separated by the row reductions.
     stash = {s.value_id: s.offset for s in plan.stash}
     k.writer = body
-    if m.stages:  # the first row group's copies start before the loop; see mapping.py
+    if m.stages:  # the first row groups' copies start before the loop; see mapping.py
         pro("int js_buf = 0;")
         stage_rows(k, pro, stash, first_row_group(k))
+        for ahead in range(1, m.stages - 1):  # a ring of STAGES buffers: STAGES - 1 groups in flight
+            stage_rows(k, pro, stash, next_row_group(k, ahead, first_row_group(k)), buf=str(ahead))
     loop_top = None
-    if m.stages == 2:  # refill the other buffer (read by the last row group: all its reads are done)
+    if m.stages >= 2:  # refill the buffer the last row group was read from (all its reads are done)
         loop_top = len(body.lines)
         body("__syncthreads();")
-        body("js_buf ^= 1;")
-        stage_rows(k, body, stash, next_row_group(k))
-        body("js_buf ^= 1;  // back to this row group's buffer; the loop's end moves on to the next")
-        body("js_stage_wait<1>();")
+        refill_ring(k, body, stash)
+        body(f"js_stage_wait<{m.stages - 1}>();")
     elif m.stages == 1:
         body("js_stage_wait<0>();")
     for v in region.inputs:
@@ -287,8 +287,8 @@ def render(plan: KernelPlan | TilePlan | RemotePlan | ScanPlan) -> Source:
         for op in ph.grids:
             if op not in ph.per_elem_grids:
                 reductions.grid_accumulate(k, body, op)
-    if m.stages == 2:
-        body("js_buf ^= 1;")
+    if m.stages >= 2:
+        body(next_buffer(m.stages))
     if loop_top is not None and not k.red_rounds and not k.scan_smem:
         # No shared memory but the stage buffers, whose slots each thread copies and reads back
         # itself: nothing for the barrier to order. (Otherwise it also orders the rounds of the

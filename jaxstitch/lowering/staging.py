@@ -8,9 +8,10 @@ from .cuda_ops import STYPE
 from .kernel import Kernel, Writer, stash_slot, vec_col
 
 
-def stash_ptr(k: Kernel, v: ir.Value, offset: int) -> str:
-    buf = f"js_buf * {k.plan.stage_bytes} + " if k.m.stages == 2 else ""
-    return f"reinterpret_cast<{STYPE[v.dtype]}*>(js_dyn + {buf}{offset})"
+def stash_ptr(k: Kernel, v: ir.Value, offset: int, buf: str = "js_buf") -> str:
+    """`v`'s slots in the stash; with a ring of stage buffers, in buffer `buf` (an expression)."""
+    at = f"{buf} * {k.plan.stage_bytes} + " if k.m.stages >= 2 else ""
+    return f"reinterpret_cast<{STYPE[v.dtype]}*>(js_dyn + {at}{offset})"
 
 
 def load_chunk(k: Kernel, w: Writer, stash: dict[int, int], first_phase: bool, last_read: bool = False):
@@ -35,13 +36,35 @@ def first_row_group(k: Kernel) -> str:
     return "(long long)blockIdx.x" if k.split else "(long long)blockIdx.x * RPB"
 
 
-def next_row_group(k: Kernel) -> str:
-    """The row group this block takes after the current one (`base`)."""
-    return "base + js_step" if k.split else "base + (long long)gridDim.x * RPB"
+def next_row_group(k: Kernel, ahead: int = 1, base: str = "base") -> str:
+    """The row group this block takes `ahead` groups after `base` (the current one by default)."""
+    if k.split:
+        assert ahead == 1, "split rows are staged one task ahead"
+        return f"{base} + js_step"
+    step = "(long long)gridDim.x * RPB"
+    return f"{base} + {step}" if ahead == 1 else f"{base} + {ahead} * {step}"
 
 
-def stage_rows(k: Kernel, w: Writer, stash: dict[int, int], base: str, one_chunk: bool = False):
-    """Start async copies of the row group at `base` into the stash buffer `js_buf` (this thread's
+def refill_ring(k: Kernel, w: Writer, stash: dict[int, int]):
+    """At the loop's top, start the copies of the row group STAGES - 1 ahead into the buffer the
+    last row group was read from (the loop's top barrier, where there is one, saw its reads end)."""
+    if k.m.stages == 2:  # the other buffer
+        w("js_buf ^= 1;")
+        stage_rows(k, w, stash, next_row_group(k))
+        w("js_buf ^= 1;  // back to this row group's buffer; the loop's end moves on to the next")
+    else:
+        previous = f"(js_buf == 0 ? {k.m.stages - 1} : js_buf - 1)"
+        stage_rows(k, w, stash, next_row_group(k, k.m.stages - 1), buf=previous)
+
+
+def next_buffer(stages: int) -> str:
+    """The statement that moves `js_buf` on to the next row group's buffer."""
+    return "js_buf ^= 1;" if stages == 2 else f"js_buf = js_buf == {stages - 1} ? 0 : js_buf + 1;"
+
+
+def stage_rows(k: Kernel, w: Writer, stash: dict[int, int], base: str, one_chunk: bool = False,
+               buf: str = "js_buf"):
+    """Start async copies of the row group at `base` into the stash buffer `buf` (this thread's
     slots, every chunk) and commit them as one group; `one_chunk`: only chunk `ch`'s slots, and no
     commit (the caller commits once its chunk loop has staged them all)."""
     w("{")
@@ -67,7 +90,7 @@ def stage_rows(k: Kernel, w: Writer, stash: dict[int, int], base: str, one_chunk
         if v.id in stash:
             i = k.inputs[v.id]
             stream = ", true" if k.partial_stash else ""
-            w(f"{pad}  js_stage<{STYPE[v.dtype]}, V{stream}>({stash_slot(stash_ptr(k, v, stash[v.id]))}, "
+            w(f"{pad}  js_stage<{STYPE[v.dtype]}, V{stream}>({stash_slot(stash_ptr(k, v, stash[v.id], buf))}, "
               f"ok ? in{i} + srow * N_COLS + sc0 + col0 : in{i}, ok);")
     w(f"{pad}}}")
     if not one_chunk:
