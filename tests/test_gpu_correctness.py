@@ -41,6 +41,7 @@ from test_pipeline_cpu import bias_grads_then_adam
 from test_transforms import COMPOSITIONS, CONTROL_FLOW, FUNS, MIN_KERNELS, stitched_kernels
 from test_wide_scatter import embedding_grad, widened
 from test_merged_products import swiglu_grads
+from test_roundings import momentum_specs, momentum_steps
 from test_batched_products import bias_attention_grads, bias_specs, rotary_attention_grads, rotary_specs
 from test_recompute import (RESIDUAL_SPECS, SHARED_SPECS, SLICED_SPECS, SPECS as RECOMPUTE_SPECS,
                             halves_across_a_dot, norm_across_a_dot, readers_left_to_xla,
@@ -1066,6 +1067,21 @@ def test_attention_gradients_keep_their_identities(draw):
         ours_off, xla_off = (float(np.max(np.abs(np.asarray(a, np.float32) - e32))) for a in (o, x))
         bound = 1.5 * xla_off + TOL["float32"] * float(np.max(np.abs(e32)))
         assert ours_off <= bound, f"{what} output {i}: {ours_off:.3g} from float32, jax.jit {xla_off:.3g}"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_remote_updates_of_half_state_match_xla(dtype):
+    """Momentum updates of half-precision leaves in one remote kernel, whose parameter updates read
+    the new momentum rounded, as written (test_roundings.py checks the source), against jax.jit."""
+    specs = momentum_specs(jnp.dtype(dtype))
+    seed = (RUN_SEED + zlib.crc32(f"momentum/{dtype}".encode())) % (1 << 63)
+    args = random_inputs(specs, seed)
+    what = _msg(f"momentum_steps {dtype}", seed)
+    want = jax.block_until_ready(jax.jit(momentum_steps)(*args))
+    f, got = run_stitched(momentum_steps, args, what)
+    assert [r.scheme for r in jaxstitch.explain(momentum_steps, *args).regions if r.stitched] == ["remote"]
+    for i, (a, b) in enumerate(zip(got, want)):
+        compare(a, b, f"{what} output {i}")
 
 
 MASK_CASES = dict(POSITIONAL_CASES, attention_grad=(causal_attention_grad, (jax.ShapeDtypeStruct((3, 5, 72, 72), jnp.float32),

@@ -123,3 +123,33 @@ def test_wide_converts_takes_0_or_1():
     assert mapping.Tuning.parse("wide_converts=0").wide_converts == 0
     with pytest.raises(ValueError, match="wide_converts=2"):
         mapping.Tuning.parse("wide_converts=2")
+
+
+def momentum_steps(*leaves):
+    """SGD with momentum over (m, g, p) triples: the new momentum, written, is read by the update."""
+    out = []
+    for m, g, p in zip(leaves[0::3], leaves[1::3], leaves[2::3]):
+        m = 0.9 * m + g
+        out += [m, p - 1e-2 * m]
+    return out
+
+
+def momentum_specs(dtype):
+    return [S(shape, dtype) for shape in [(768,), (3072,), (768, 64), (1000,)] for _ in range(3)]
+
+
+@pytest.mark.parametrize("dtype,rounding", [(jnp.bfloat16, "js_round_bf16"), (jnp.float16, "js_round_f16")])
+def test_a_remote_update_reads_the_momentum_it_writes_rounded(dtype, rounding):
+    """Momentum updates of several small leaves are one remote kernel; each writes its new
+    momentum in the half type and the parameter's update reads it rounded, as written (the store
+    rounds the float once). In float32 nothing is rounded."""
+    sources, program = _kernel_sources(momentum_steps, momentum_specs(dtype))
+    (kernel,) = [r for r in program.regions if r.stitched]
+    assert kernel.plan.kernel.scheme == "remote"
+    code = sources[kernel.plan.region.id]
+    read = re.findall(rf"\* {rounding}\(v(\d+)\[e\]\)\)", code)
+    written = {o.id for o in kernel.plan.region.outputs}
+    assert read and {int(v) for v in read} <= written, code
+    assert not re.search(rf"t\d+\[e\] = {rounding}", code)  # (stored from the float)
+    f32, _ = _kernel_sources(momentum_steps, momentum_specs(jnp.float32))
+    assert "js_round" not in "".join(f32.values()).split("__global__", 1)[1]

@@ -12,7 +12,7 @@ from .. import ir, ops as opdefs
 from ..partition import Region
 from ..plan.layout import Unplannable
 from ..plan.remote import RemotePlan
-from .cuda_ops import CTYPE, EXPR, STYPE, literal
+from .cuda_ops import CTYPE, EXPR, ROUND, STYPE, literal, written_half
 from .kernel import KERNEL_NAME, Writer, template
 
 
@@ -23,6 +23,7 @@ class _Body:
     def __init__(self, region: Region):
         self.region = region
         self.alias: dict[int, str] = {}
+        self.roots: dict[int, int] = {}  # a layout op's output id -> the id it passes along
         self.uniform: set[int] = {v.id for v in region.inputs if v.size == 1}
         for op in region.ops:
             args = [a for a in op.inputs if isinstance(a, ir.Value)]
@@ -30,16 +31,26 @@ class _Body:
                 self.uniform.update(o.id for o in op.outputs)
             if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Value):
                 self.alias[op.outputs[0].id] = self.name(op.inputs[0])
+                self.roots[op.outputs[0].id] = self.root(op.inputs[0].id)
             elif opdefs.is_layout(op):
                 self.alias[op.outputs[0].id] = literal(op.inputs[0].value, op.outputs[0].dtype)
+        # Half-precision values the body also writes: read rounded, as written (cuda_ops.written_half).
+        self.rounds_written = written_half(region, {v.id for v in region.inputs}, self.root)
+
+    def root(self, vid: int) -> int:
+        return self.roots.get(vid, vid)
 
     def name(self, v: ir.Value) -> str:
         return self.alias.get(v.id, f"v{v.id}")
 
-    def ref(self, a: ir.Atom) -> str:
+    def ref(self, a: ir.Atom, stored: bool = False) -> str:
+        """`a`'s element `e` (a uniform value's register); a half-precision value the body writes is
+        read rounded, except by its store (`stored`)."""
         if isinstance(a, ir.Const):
             return literal(a.value, a.dtype)
-        return self.name(a) if a.id in self.uniform else f"{self.name(a)}[e]"
+        expr = self.name(a) if a.id in self.uniform else f"{self.name(a)}[e]"
+        half = None if stored else self.rounds_written.get(self.root(a.id))
+        return f"{ROUND[half]}({expr})" if half else expr
 
     def compute_ops(self):
         return [op for op in self.region.ops if not opdefs.is_layout(op)]
@@ -80,7 +91,7 @@ class _Body:
         for j, v in enumerate(r.outputs):
             w(f"{CTYPE[v.dtype]} t{j}[{width}];")
             w("#pragma unroll")
-            w(f"for (int e = 0; e < {width}; ++e) t{j}[e] = {self.ref(v)};")
+            w(f"for (int e = 0; e < {width}; ++e) t{j}[e] = {self.ref(v, stored=True)};")
             w(f"js_store<{STYPE[v.dtype]}, {width}>(out{j} + {at}, t{j});")
 
 
