@@ -155,25 +155,23 @@ def test_a_remote_update_reads_the_momentum_it_writes_rounded(dtype, rounding):
     assert "js_round" not in "".join(f32.values()).split("__global__", 1)[1]
 
 
-@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
-def test_a_scan_rounds_its_half_carry_every_step(dtype):
-    """A GRU over a sequence (lax.scan) in bfloat16: XLA keeps the hidden state in bfloat16 from step
-    to step, and the backward reads the per-step states and gates written in bfloat16. The persistent
-    scan kernels round each such value where the step makes it, so the next step, the step's other
-    readers and the stores all see it as written; in float32 nothing is rounded."""
+def test_a_scan_keeps_its_half_carry_in_float():
+    """A GRU over a sequence (lax.scan) in bfloat16: the persistent scan keeps the hidden state a
+    float from step to step, where XLA rounds it to bfloat16 every step. Rounding it (and the
+    per-step results the backward reads) where the step makes them was tried in session 46: over
+    50 steps its forward and backward results went from 3-4x nearer float32 than jax.jit's to about
+    as far, and no nearer jax.jit's own (H100, scripts/rounding_probe.py --case gru). So the carry's
+    new value is copied unrounded into the next step."""
     from jaxstitch.workloads import WORKLOADS
 
-    specs = jax.eval_shape(lambda k: WORKLOADS["dien_gru_fwdbwd"].make_inputs(k, dtype, True), jax.random.key(0))
+    specs = jax.eval_shape(lambda k: WORKLOADS["dien_gru_fwdbwd"].make_inputs(k, jnp.bfloat16, True),
+                           jax.random.key(0))
     sources, program = _kernel_sources(WORKLOADS["dien_gru_fwdbwd"].fn, specs)
     scans = [r for r in program.regions if r.stitched and r.plan.kernel.scheme == "scan"]
     assert len(scans) == 2
     for r in scans:
         kernel = sources[r.plan.region.id].split("__global__", 1)[1]
-        if dtype == jnp.float32:
-            assert "js_round" not in kernel
-            continue
         advance = kernel.split("every read of this step's carries and inputs is done", 1)[1]
         carried = re.findall(r"  s\d+\[e\] = s(\d+)\[e\];", advance)
         assert carried, kernel
-        for v in carried:  # each carry's new value is rounded where it is made
-            assert re.search(rf"s{v}\[i\] = js_round_bf16\(", kernel), (v, kernel)
+        assert "js_round" not in kernel, kernel

@@ -13,7 +13,7 @@ import string
 
 from .. import ir, ops as opdefs
 from ..plan import scan as S
-from .cuda_ops import CTYPE, REDUCE, ROUND, STYPE, expression, literal
+from .cuda_ops import CTYPE, REDUCE, STYPE, expression, literal
 from .kernel import KERNEL_NAME, Writer, template
 
 
@@ -61,25 +61,6 @@ class _Emitter:
             if v.id in sums:
                 self.into[sums[v.id].dot] = (sums[v.id], v)
                 self.root[new.id] = v.id
-        self.rounds_written = self._written_half()
-
-    def _written_half(self) -> dict[int, str]:
-        """Storage ids of the half-precision values a step computes and writes (a per-step result,
-        or a carry, which XLA keeps in its own dtype from step to step), with their dtypes: they
-        are rounded where they are made, so the step's readers, the next step and the stores all
-        see the value as written (cuda_ops.written_half says why). Values loaded from memory are
-        rounded already; a sum over rows (PARTIAL) adds up in float until its one store."""
-        summed_into = {s.carry for s in self.plan.in_place}  # carries a product is added to in place
-        loaded = {v.id for v in self.body.inputs} - summed_into
-        written = list(self.plan.ys) + [new for v, new in self.plan.carries
-                                        if self.kind(v).kind != S.PARTIAL]
-        return {self.root.get(a.id, a.id): a.dtype for a in written
-                if isinstance(a, ir.Value) and a.dtype in ROUND and self.root.get(a.id, a.id) not in loaded}
-
-    def rounded(self, out: ir.Value, expr: str) -> str:
-        """`expr` as `out` is kept: rounded where the step writes it in a half type."""
-        half = self.rounds_written.get(self.root.get(out.id, out.id))
-        return f"{ROUND[half]}({expr})" if half else expr
 
     def kind(self, a) -> S.Kind:
         return self.plan.kind(a)
@@ -121,7 +102,7 @@ class _Emitter:
             self.sync_for(w, src, same_index=False)
             args = [self.ref(a, "0") for a in op.inputs]
             expr = args[0] if op.prim in S.RENAMES or op.prim == "broadcast_in_dim" else expression(op, args)
-            w(f"const {CTYPE[out.dtype]} r{out.id} = {self.rounded(out, expr)};")
+            w(f"const {CTYPE[out.dtype]} r{out.id} = {expr};")
             return
         elementwise = op.prim in opdefs.ELEMENTWISE
         # (lax broadcasts size-1 axes of an elementwise op's operands: those read other elements)
@@ -130,19 +111,11 @@ class _Emitter:
         if elementwise:
             with self.loop(w, out):
                 d = _digits(self.shape(out), "i")
-                w(f"s{out.id}[i] = {self.rounded(out, expression(op, [self._at(a, out, d) for a in op.inputs]))};")
+                w(f"s{out.id}[i] = {expression(op, [self._at(a, out, d) for a in op.inputs])};")
+        elif index in self.into:
+            self._dot_general(w, op, *self.into[index])
         else:
-            if index in self.into:
-                self._dot_general(w, op, *self.into[index])
-                made = [self.into[index][1]]  # the carry it adds to
-            else:
-                getattr(self, "_" + op.prim)(w, op)
-                made = op.outputs
-            for o in made:  # (each thread rounds the elements its own loop wrote: no barrier)
-                stored = self.root.get(o.id, o.id)
-                if stored in self.rounds_written:
-                    with self.loop(w, o):
-                        w(f"s{stored}[i] = {ROUND[self.rounds_written[stored]]}(s{stored}[i]);")
+            getattr(self, "_" + op.prim)(w, op)
         self.dirty.update(o.id for o in op.outputs)
 
     def _at(self, a: ir.Atom, out: ir.Value, digits: list[str]) -> str:
