@@ -1078,7 +1078,7 @@ def test_remote_updates_of_half_state_match_xla(dtype):
     args = random_inputs(specs, seed)
     what = _msg(f"momentum_steps {dtype}", seed)
     want = jax.block_until_ready(jax.jit(momentum_steps)(*args))
-    f, got = run_stitched(momentum_steps, args, what)
+    _, got = run_stitched(momentum_steps, args, what)
     assert [r.scheme for r in jaxstitch.explain(momentum_steps, *args).regions if r.stitched] == ["remote"]
     for i, (a, b) in enumerate(zip(got, want)):
         compare(a, b, f"{what} output {i}")
