@@ -49,6 +49,19 @@ def rounded_float(op: ir.Op) -> ir.Atom | None:
 ROUND = {"bfloat16": "js_round_bf16", "float16": "js_round_f16"}
 
 
+def layout_root(region):
+    """id -> the id layout ops pass its value along from (a kernel keeps such values once, under
+    their root)."""
+    alias = {op.outputs[0].id: op.inputs[0].id for op in region.ops
+             if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Value)}
+
+    def root(vid):
+        while vid in alias:
+            vid = alias[vid]
+        return vid
+    return root
+
+
 def written_half(region, loaded, root=None) -> dict[int, str]:
     """The half-precision values a kernel computes and also writes (by the root id layout ops
     alias them to), with their dtypes: its own readers must read them rounded, as written. A
@@ -57,18 +70,17 @@ def written_half(region, loaded, root=None) -> dict[int, str]:
     subtracted unrounded in the forward kernel, so the backward's exponentials no longer added up
     to the sum the forward wrote (an attention block's bfloat16 gradients ended 1.5-5x further from
     float32 than jax.jit's, H100, session 45). `loaded`: ids read from memory (rounded already);
-    `root`: the kernel's own id -> root id (by default through layout ops, as a row kernel
-    aliases them)."""
-    if root is None:
-        alias = {op.outputs[0].id: op.inputs[0].id for op in region.ops
-                 if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Value)}
-
-        def root(vid):
-            while vid in alias:
-                vid = alias[vid]
-            return vid
+    `root`: the kernel's own id -> root id (by default layout_root)."""
+    root = root or layout_root(region)
     return {root(o.id): o.dtype for o in region.outputs
             if o.dtype in ROUND and root(o.id) not in loaded}
+
+
+def as_written(written: dict[int, str], root: int, expr: str) -> str:
+    """`expr`, the value kept under `root`, as its kernel writes it: rounded to its half type where
+    `written` (written_half) lists it."""
+    half = written.get(root)
+    return f"{ROUND[half]}({expr})" if half else expr
 
 
 def _convert(op: ir.Op, a):

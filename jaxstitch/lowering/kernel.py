@@ -16,8 +16,8 @@ from .. import ir, ops as opdefs
 from ..plan import KernelPlan
 from ..plan.layout import COL, EPILOGUE, FULL, GATHER, PAIR_HALF, PAIR_SWAP, ROW, SCALAR, row_axes
 from ..plan.views import merged_axes
-from .cuda_ops import (CTYPE, ROUND, SCAN, STYPE, bool_factor, expression, literal, rounded_float, select_product,
-                       written_half)
+from .cuda_ops import (CTYPE, SCAN, STYPE, as_written, bool_factor, expression, literal, rounded_float,
+                       select_product, written_half)
 
 KERNEL_NAME = "jaxstitch_kernel"
 
@@ -148,9 +148,7 @@ class Kernel:
         if self.phase is not None and self.def_phase.get(root, self.phase) != self.phase:
             name = self.rematerialize(root)
         expr = f"{name}[{e}]" if self.is_array(a) else name
-        if root in self.rounds_written and not stored:
-            return f"{ROUND[self.rounds_written[root]]}({expr})"
-        return expr
+        return expr if stored else as_written(self.rounds_written, root, expr)
 
     def rematerialize(self, root: int) -> str:
         key = (root, self.phase)

@@ -12,7 +12,7 @@ from .. import ir, ops as opdefs
 from ..partition import Region
 from ..plan.layout import Unplannable
 from ..plan.remote import RemotePlan
-from .cuda_ops import CTYPE, EXPR, ROUND, STYPE, literal, written_half
+from .cuda_ops import CTYPE, EXPR, STYPE, as_written, layout_root, literal, written_half
 from .kernel import KERNEL_NAME, Writer, template
 
 
@@ -23,7 +23,6 @@ class _Body:
     def __init__(self, region: Region):
         self.region = region
         self.alias: dict[int, str] = {}
-        self.roots: dict[int, int] = {}  # a layout op's output id -> the id it passes along
         self.uniform: set[int] = {v.id for v in region.inputs if v.size == 1}
         for op in region.ops:
             args = [a for a in op.inputs if isinstance(a, ir.Value)]
@@ -31,14 +30,11 @@ class _Body:
                 self.uniform.update(o.id for o in op.outputs)
             if opdefs.is_layout(op) and isinstance(op.inputs[0], ir.Value):
                 self.alias[op.outputs[0].id] = self.name(op.inputs[0])
-                self.roots[op.outputs[0].id] = self.root(op.inputs[0].id)
             elif opdefs.is_layout(op):
                 self.alias[op.outputs[0].id] = literal(op.inputs[0].value, op.outputs[0].dtype)
         # Half-precision values the body also writes: read rounded, as written (cuda_ops.written_half).
+        self.root = layout_root(region)
         self.rounds_written = written_half(region, {v.id for v in region.inputs}, self.root)
-
-    def root(self, vid: int) -> int:
-        return self.roots.get(vid, vid)
 
     def name(self, v: ir.Value) -> str:
         return self.alias.get(v.id, f"v{v.id}")
@@ -49,8 +45,7 @@ class _Body:
         if isinstance(a, ir.Const):
             return literal(a.value, a.dtype)
         expr = self.name(a) if a.id in self.uniform else f"{self.name(a)}[e]"
-        half = None if stored else self.rounds_written.get(self.root(a.id))
-        return f"{ROUND[half]}({expr})" if half else expr
+        return expr if stored else as_written(self.rounds_written, self.root(a.id), expr)
 
     def compute_ops(self):
         return [op for op in self.region.ops if not opdefs.is_layout(op)]

@@ -17,8 +17,8 @@ import string
 from .. import ir, ops as opdefs
 from ..plan import tile as T
 from ..plan.layout import Unplannable
-from .cuda_ops import (CTYPE, REDUCE, ROUND, STYPE, bool_factor, expression, literal, rounded_float, select_product,
-                       written_half)
+from .cuda_ops import (CTYPE, REDUCE, STYPE, as_written, bool_factor, expression, literal, rounded_float,
+                       select_product, written_half)
 from .kernel import KERNEL_NAME, Writer, template
 
 _SIZE = {T.N: "N_ROWS", T.A: "TA", T.B: "TB"}
@@ -59,9 +59,9 @@ class _Emitter:
         """`a`'s C expression; a half-precision value the kernel also writes is read rounded, as
         written (cuda_ops.written_half), except by its store (`stored`)."""
         expr = self._ref(a)
-        if not stored and isinstance(a, ir.Value) and self.plan.root(a.id) in self.rounds_written:
-            return f"{ROUND[self.rounds_written[self.plan.root(a.id)]]}({expr})"
-        return expr
+        if stored or not isinstance(a, ir.Value):
+            return expr
+        return as_written(self.rounds_written, self.plan.root(a.id), expr)
 
     def _ref(self, a: ir.Atom) -> str:
         if isinstance(a, ir.Const):
