@@ -260,7 +260,8 @@ def stage(traced: trace_mod.Traced, target: Target, cfg: Config,
         part = partition_mod.partition(traced.graph, fits=_fits_one_kernel, cuts=cuts)
         if cfg.tuning.recompute:
             part = recompute_cheap_inputs(traced.graph, part, _fits_one_kernel,
-                                          unread_writes=cfg.tuning.recompute >= 2)
+                                          unread_writes=cfg.tuning.recompute >= 2,
+                                          leaf_chains=cfg.tuning.recompute >= 3)
     for r in part.regions:
         prefetch(r, target, cfg)
     return Staged(traced, part)

@@ -28,18 +28,21 @@ MAX_UNROUNDED_SHARE = 1 / 16
 
 
 def recompute_cheap_inputs(graph: ir.Graph, part: Partition, fits: Callable[[Region], bool],
-                           unread_writes: bool = True) -> Partition:
+                           unread_writes: bool = True, leaf_chains: bool = True) -> Partition:
     """`unread_writes`: count, against a chain's leaves, the write of an input its region alone reads
     (its producer no longer writes it once the chain is taken in), not only its read, and take in
-    chains that share a leaf together (_adopt_shared_leaves)."""
+    chains that share a leaf together (_adopt_shared_leaves). `leaf_chains`: also trade a leaf no
+    kernel writes for the written value its own chain starts from (_adopt_chains), and count values
+    computed from positions alone among those a dropped write is rebuilt from (_drop_unread)."""
     producer = {o.id: op for op in graph.ops for o in op.outputs}
     hidden = {o for r in part.regions for op in r.ops for o in op.outputs} - \
         {o for r in part.regions for o in r.outputs}
     sole = _read_once(graph, part) if unread_writes else set()
-    regions = tuple(_adopt_chains(r, producer, hidden, sole, fits) for r in part.regions)
+    regions = tuple(_adopt_chains(r, producer, hidden, sole, fits, leaf_chains) for r in part.regions)
     if unread_writes:
         regions = tuple(_adopt_shared_leaves(r, producer, hidden, sole, fits) for r in regions)
-    return dataclasses.replace(part, regions=_drop_unread(graph, _export_leaves(regions), producer, unread_writes))
+    return dataclasses.replace(part, regions=_drop_unread(graph, _export_leaves(regions), producer, unread_writes,
+                                                          leaf_chains))
 
 
 def _outside(graph: ir.Graph, regions) -> list[ir.Op]:
@@ -59,7 +62,7 @@ def _read_once(graph: ir.Graph, part: Partition) -> set[ir.Value]:
 
 
 def _drop_unread(graph: ir.Graph, regions: tuple[Region, ...], producer: dict,
-                 rebuilt: bool = True) -> tuple[Region, ...]:
+                 rebuilt: bool = True, with_positions: bool = True) -> tuple[Region, ...]:
     """Region outputs that need not be written: those computed from positions alone (a causal mask
     broadcast over the attention scores) that no region input, op outside the regions or program
     output reads any more (their readers recompute them), and those that ops outside read only
@@ -67,7 +70,9 @@ def _drop_unread(graph: ir.Graph, regions: tuple[Region, ...], producer: dict,
     bfloat16 logits, of which a gather picks one element a row: written in full, it was as many
     bytes as the loss's gradient). With `rebuilt`, also those no one reads any more that a short
     cheap chain makes from values still written (a layernorm's float32 `x - mean`, which its
-    backward region now recomputes from x); without it, any other value stays an output. The
+    backward region now recomputes from x; `with_positions`: and from values computed from positions
+    alone, such as a causal mask, which the stitcher computes too: GPT's float32 exponentials of
+    its masked scores); without it, any other value stays an output. The
     stitcher computes such a value again wherever an op left to XLA still needs it
     (stitcher.make_runner: a reader's region that XLA runs after all), where XLA fuses the chain
     into that op."""
@@ -87,18 +92,19 @@ def _drop_unread(graph: ir.Graph, regions: tuple[Region, ...], producer: dict,
             # (with `rebuilt`, a value only a reader's recomputed chain made: rebuilt from the
             # chain's leaves, which every reader's region reads, wherever XLA runs that reader)
             return not positions.positional(o, producer) and not (
-                rebuilt and _recomputable_from(o, kept_written, producer))
+                rebuilt and _recomputable_from(o, kept_written, producer, with_positions))
         kept = tuple(o for o in r.outputs if written(o))
         out.append(dataclasses.replace(r, outputs=kept) if kept and len(kept) < len(r.outputs) else r)
     return tuple(out)
 
 
-def _recomputable_from(v: ir.Value, inputs: set[ir.Value], producer: dict) -> bool:
-    """Whether `v` is made from `inputs` (and literals) by at most MAX_CHAIN_OPS cheap ops."""
+def _recomputable_from(v: ir.Value, inputs: set[ir.Value], producer: dict, with_positions: bool = False) -> bool:
+    """Whether `v` is made from `inputs` (and literals; with `with_positions`, values computed from
+    positions alone) by at most MAX_CHAIN_OPS cheap ops."""
     stack, ops = [v], set()
     while stack:
         val = stack.pop()
-        if val in inputs:
+        if val in inputs or (with_positions and positions.positional(val, producer)):
             continue
         op = producer.get(val.id)
         if op is None or not rebuildable(op):
@@ -176,8 +182,19 @@ def _expensive_cone(v: ir.Value, producer: dict) -> bool:
     return any(op.prim in opdefs.EXPENSIVE for op in positions.cone(v, producer))
 
 
-def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir.Value], fits) -> Region:
-    for v in sorted(r.inputs, key=lambda v: -v.size * v.itemsize):
+def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir.Value], fits,
+                  leaf_chains: bool = True) -> Region:
+    """Takes in each input's chain where that moves fewer bytes; then the chains of the leaves this
+    left that no kernel writes yet (`hidden`), which would otherwise be written for this region
+    alone, where they start from values already written: a softmax backward's exponentials
+    recomputed from the scaled scores, which are one division by a constant from the scores the
+    product wrote (GPT's attention: the forward kernel then writes the probabilities alone). Only
+    such one-for-one trades (_swaps_for_written): with any chain of a leaf taken, BERT's
+    masked-LM head backward came out heavier and was declined for its registers."""
+    todo = sorted(r.inputs, key=lambda v: -v.size * v.itemsize)
+    seen, first = set(todo), set(todo)
+    while todo:
+        v = todo.pop(0)
         if v.size <= 1 or v not in r.inputs:
             continue
         own = {op.index for op in r.ops}
@@ -187,13 +204,26 @@ def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir
         candidate = _with_ops(r, chain)
         if v in candidate.inputs:
             continue
+        if v not in first and not _swaps_for_written(v, candidate, r, hidden):
+            continue
         extra = _new_bytes(candidate, r, hidden)
-        if extra > MAX_BYTES_RATIO * _bytes_of(v, sole) and not (
+        if extra > MAX_BYTES_RATIO * _bytes_of(v, sole | hidden) and not (
                 _unrounds(chain) and extra <= MAX_UNROUNDED_SHARE * _largest_bytes(r)):
             continue
         if fits(candidate):
+            leaves = [a for a in candidate.inputs if leaf_chains and a not in r.inputs and a in hidden
+                      and a not in seen]
             r = candidate
+            seen.update(leaves)
+            todo += sorted(leaves, key=lambda v: -v.size * v.itemsize)
     return r
+
+
+def _swaps_for_written(v: ir.Value, candidate: Region, r: Region, hidden: set[ir.Value]) -> bool:
+    """Whether `candidate` reads, instead of the unwritten `v`, one value no larger that a kernel
+    writes anyway (and scalars): the one trade of a leaf for its own chain taken."""
+    new = [a for a in candidate.inputs if a not in r.inputs and a.size > 1]
+    return len(new) == 1 and new[0] not in hidden and new[0].nbytes <= v.nbytes
 
 
 def _unrounds(chain: list[ir.Op]) -> bool:

@@ -623,8 +623,9 @@ def random_inputs(specs, seed):
 # --------------------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def force_stitching():
-    """Within the block, every region that has a kernel plan is stitched, whatever the cost model says.
+def force_stitching(where=None):
+    """Within the block, every region that has a kernel plan is stitched, whatever the cost model says
+    (with `where`, those whose region `where(region)` holds).
 
     Random graphs are mostly small one-pass regions that the cost model (rightly) leaves to XLA; forcing
     them through codegen, the stitcher's rebuild and (on a GPU) our kernels is what tests those parts.
@@ -638,7 +639,7 @@ def force_stitching():
 
     def plan_without_cost_veto(*args, **kwargs):
         plan = original(*args, **kwargs)
-        if plan.kernel is not None and plan.reason is not None:
+        if plan.kernel is not None and plan.reason is not None and (where is None or where(plan.region)):
             plan = dataclasses.replace(plan, reason=None)
         return plan
 

@@ -42,6 +42,7 @@ from test_transforms import COMPOSITIONS, CONTROL_FLOW, FUNS, MIN_KERNELS, stitc
 from test_wide_scatter import embedding_grad, widened
 from test_merged_products import swiglu_grads
 from test_roundings import momentum_specs, momentum_steps
+from test_recompute import ATTENTION_SPECS, gpt_attention_grads
 from test_batched_products import bias_attention_grads, bias_specs, rotary_attention_grads, rotary_specs
 from test_recompute import (RESIDUAL_SPECS, SHARED_SPECS, SLICED_SPECS, SPECS as RECOMPUTE_SPECS,
                             halves_across_a_dot, norm_across_a_dot, readers_left_to_xla,
@@ -1080,6 +1081,26 @@ def test_remote_updates_of_half_state_match_xla(dtype):
     want = jax.block_until_ready(jax.jit(momentum_steps)(*args))
     _, got = run_stitched(momentum_steps, args, what)
     assert [r.scheme for r in jaxstitch.explain(momentum_steps, *args).regions if r.stitched] == ["remote"]
+    for i, (a, b) in enumerate(zip(got, want)):
+        compare(a, b, f"{what} output {i}")
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_attention_forward_writing_only_probabilities_matches_xla(dtype):
+    """GPT's attention and its gradients as planned: the forward writes the probabilities alone and
+    the backward recomputes the masked exponentials from the scores the product wrote (recompute.py,
+    session 47), against jax.jit."""
+    specs = [jax.ShapeDtypeStruct(s.shape, DTYPES[dtype]) for s in ATTENTION_SPECS]
+    seed = (RUN_SEED + zlib.crc32(f"gpt_attention/{dtype}".encode())) % (1 << 63)
+    args = random_inputs(specs, seed)
+    what = _msg(f"gpt_attention_grads {dtype}", seed)
+    # (products in float32 on both sides, as in test_masks_from_positions_match_xla)
+    with jax.default_matmul_precision("float32"):
+        want = jax.block_until_ready(jax.jit(gpt_attention_grads)(*args))
+        _, got = run_stitched(gpt_attention_grads, args, what)
+        report = jaxstitch.explain(gpt_attention_grads, *args)
+    stitched = [r for r in report.regions if r.stitched]
+    assert len(stitched) == 2 and "reduce_max" in stitched[0].ops, str(report)
     for i, (a, b) in enumerate(zip(got, want)):
         compare(a, b, f"{what} output {i}")
 

@@ -205,3 +205,65 @@ def test_sliced_regions_give_jax_jit_results(monkeypatch, tune, declined):
         got = jaxstitch.jit(halves_across_a_dot, target="h100")(*args)
     want = jax.jit(halves_across_a_dot)(*args)
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2e-2, atol=2e-2)
+
+
+ATTENTION_SPECS = [S((2, 256, 4, 64), jnp.bfloat16)] * 4
+
+
+def gpt_attention_grads(q, k, v, w):
+    """examples/gpt_train.py's attention (the scale divided in the products' dtype, a causal mask
+    and softmax in float32, the probabilities cast back) under a loss whose cotangent depends on the
+    output, so that the backward's softmax is a region of its own, across products, as in the
+    model's step."""
+    def attention(q, k, v):
+        s, d = q.shape[1], q.shape[-1]
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(d).astype(q.dtype)
+        causal = jnp.tril(jnp.ones((s, s), bool))
+        scores = jnp.where(causal, scores.astype(jnp.float32), -1e9)
+        probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+        return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+    loss = lambda q, k, v: jnp.sum(attention(q, k, v).astype(jnp.float32) ** 2 * w.astype(jnp.float32))
+    return jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+
+def _softmax_regions(monkeypatch, tune, specs=ATTENTION_SPECS):
+    program = _program(monkeypatch, tune, gpt_attention_grads, specs)
+    producer = {o.id: op.prim for op in program.traced.graph.ops for o in op.outputs}
+    regions = [c.plan.region for c in program.regions if c.stitched]
+    forward = [r for r in regions if any(op.prim == "reduce_max" for op in r.ops)]
+    backward = [r for r in regions if r not in forward]
+    assert len(forward) == 1 and len(backward) == 1, [r.ops for r in regions]
+    return forward[0], backward[0], producer
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_the_attention_forward_writes_only_the_probabilities(monkeypatch, dtype):
+    """The backward recomputes the masked scores' exponentials: before session 47 from the scaled
+    scores, which the forward wrote for it, and the forward also wrote the float32 exponentials
+    (their chain runs through the causal mask, which no kernel writes, so _drop_unread kept them).
+    Now the backward reads the scores the product wrote (the scaling is one division by a
+    constant: _swaps_for_written) and the forward writes the probabilities alone (GPT bfloat16:
+    1.2 GB less a step by the plan's bytes)."""
+    specs = [S(s.shape, dtype) for s in ATTENTION_SPECS]
+    scores = (2, 4, 256, 256)
+    forward, backward, producer = _softmax_regions(monkeypatch, "", specs)
+    assert [o.shape for o in forward.outputs].count(scores) == 1, forward.outputs
+    assert [producer[v.id] for v in backward.inputs if v.shape == scores] == ["dot_general"] * 2, backward.inputs
+    forward, backward, producer = _softmax_regions(monkeypatch, "recompute=2", specs)
+    old = 3 if dtype == jnp.bfloat16 else 2  # (in float32 the scaled scores are the exponentials' input)
+    assert [o.shape for o in forward.outputs].count(scores) == old, forward.outputs
+
+
+@pytest.mark.parametrize("tune", ["", "recompute=2"])
+@pytest.mark.parametrize("declined", [False, True])
+def test_attention_regions_give_jax_jit_results(monkeypatch, tune, declined):
+    """Declined: XLA runs the backward, and the stitcher rebuilds the exponentials the forward no
+    longer writes, from the scores and the causal mask's positions."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", tune)
+    specs = [S((2, 64, 2, 32), jnp.float32)] * 4
+    args = random_inputs(specs, 9)
+    with (readers_left_to_xla() if declined else force_stitching()):
+        got = jaxstitch.jit(gpt_attention_grads, target="h100")(*args)
+    want = jax.jit(gpt_attention_grads)(*args)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)

@@ -405,17 +405,27 @@ def gpt_attention_grad(x, v):
 
 
 def test_a_backward_left_to_xla_gets_the_mask_no_kernel_wrote(monkeypatch):
-    """The forward region (scale, mask, softmax) is stitched and writes no mask; the backward, left
-    to XLA by the cost model, reads the broadcast mask, which the stitcher computes from positions
-    for it (stitcher.make_runner). Run here through the regions' XLA fallback: jax.jit's results.
-    (The cost model stitches this backward, which XLA runs as two kernels, plan/diamonds.py:
-    `diamonds=0` has it take XLA's for one kernel, to leave the backward to XLA.)"""
+    """The forward region (scale, mask, softmax) is stitched and writes neither the mask nor the
+    exponentials; the backward, left to XLA by the cost model, reads both, which the stitcher
+    computes for it (stitcher.make_runner: the mask from positions, the exponentials from the
+    scores and the row max the forward wrote). Run here through the regions' XLA fallback: jax.jit's
+    results. (The cost model stitches this backward, which XLA runs as two kernels,
+    plan/diamonds.py: `diamonds=0` has it take XLA's for one kernel, to leave the backward to XLA.
+    At this size it also leaves the forward to XLA, one kernel of its own: forced here.)"""
     monkeypatch.setenv("JAXSTITCH_TUNE", "diamonds=0")
     specs = (f32(4, 6, 128, 128), f32(4, 6, 128, 64))
-    report = jaxstitch.explain(gpt_attention_grad, *specs, target="h100")
-    assert [r.stitched for r in report.regions if len(r.ops) > 10] == [True, False], report
-    args = _random(specs, 1)
-    got, want = jaxstitch.jit(gpt_attention_grad, target="h100")(*args), jax.jit(gpt_attention_grad)(*args)
+    forward = lambda region: any(op.prim == "reduce_max" for op in region.ops)
+    with force_stitching(where=forward):
+        report = jaxstitch.explain(gpt_attention_grad, *specs, target="h100")
+        assert [r.stitched for r in report.regions if len(r.ops) > 10] == [True, False], report
+        written = [o for c in jaxstitch.pipeline.build(
+            gpt_attention_grad, list(specs), jax.tree_util.tree_structure((specs, {})),
+            jaxstitch.get_target("h100"), jaxstitch.config.load()).regions if c.stitched
+            for o in c.plan.region.outputs]
+        assert [o.shape for o in written].count((4, 6, 128, 128)) == 1, written  # (the probabilities)
+        args = _random(specs, 1)
+        got = jaxstitch.jit(gpt_attention_grad, target="h100")(*args)
+    want = jax.jit(gpt_attention_grad)(*args)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-7)
 
 

@@ -72,8 +72,11 @@ class Tuning:
     value; siblings not merged); `grid`: 0 gives column and whole-array reductions kernels of their
     own (no grid barrier next to row work); `remote`: 0 launches independent regions separately;
     `recompute`: 0 reads every input a region's neighbours write, never recomputing cheap producers
-    (recompute.py), 1 recomputes them where that reads fewer bytes, 2 (the default) also counts the
-    write of an input no one else reads and takes in chains sharing a leaf together; `variants`: 0
+    (recompute.py), 1 recomputes them where that reads fewer bytes, 2 also counts the write of an
+    input no one else reads and takes in chains sharing a leaf together, 3 (the default) also
+    trades a leaf no kernel writes for the written value one chain before it, and stops writing a
+    value rebuilt from written values and positions (GPT's attention forward: the scaled scores
+    and the float32 exponentials, session 47); `variants`: 0
     gives a shape family's long rows no split-row kernels for few rows (families.py's ladder);
     `split_rows`: the rows a forced split's stash is sized for, where a family's variant runs (its
     samples have more); `diamonds`: 0 has the cost model take every row reduction for fused by XLA
@@ -131,7 +134,7 @@ class Tuning:
     stitch: int = 1
     grid: int = 1
     remote: int = 1
-    recompute: int = 2
+    recompute: int = 3
     variants: int = 1
     split_rows: int | None = None
     diamonds: int = 1
