@@ -43,6 +43,7 @@ from test_wide_scatter import embedding_grad, widened
 from test_merged_products import swiglu_grads
 from test_roundings import momentum_specs, momentum_steps
 from test_recompute import ATTENTION_SPECS, gpt_attention_grads
+from test_prefixes import masked_softmax
 from test_batched_products import bias_attention_grads, bias_specs, rotary_attention_grads, rotary_specs
 from test_recompute import (RESIDUAL_SPECS, SHARED_SPECS, SLICED_SPECS, SPECS as RECOMPUTE_SPECS,
                             halves_across_a_dot, norm_across_a_dot, readers_left_to_xla,
@@ -1103,6 +1104,30 @@ def test_attention_forward_writing_only_probabilities_matches_xla(dtype):
     assert len(stitched) == 2 and "reduce_max" in stitched[0].ops, str(report)
     for i, (a, b) in enumerate(zip(got, want)):
         compare(a, b, f"{what} output {i}")
+
+
+PREFIX_CASES = {"causal": (masked_softmax, (2, 3, 200, 200)),
+                "strict": (functools.partial(masked_softmax, strict=True), (2, 3, 200, 200)),
+                "window": (functools.partial(masked_softmax, window=24), (2, 3, 200, 200)),
+                "q_outer": (functools.partial(masked_softmax, q_axis=1), (2, 200, 3, 200))}
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", sorted(PREFIX_CASES))
+def test_prefix_copies_match_xla(name, dtype):
+    """Softmaxes under causal masks whose stage copies skip each row's columns past the mask
+    (plan/prefixes.py: zeros staged instead), forced, against jax.jit."""
+    fun, shape = PREFIX_CASES[name]
+    specs = [jax.ShapeDtypeStruct(shape, DTYPES[dtype])]
+    seed = (RUN_SEED + zlib.crc32(f"prefix/{name}/{dtype}".encode())) % (1 << 63)
+    args = random_inputs(specs, seed)
+    what = _msg(f"prefix {name} {dtype}", seed)
+    tree = jax.tree_util.tree_structure((tuple(specs), {}))
+    with force_stitching():
+        program = jaxstitch.pipeline.build(fun, list(specs), tree, jaxstitch.targets.detect(), jaxstitch.config.load())
+        assert any(c.stitched and c.plan.kernel.prefixes for c in program.regions), what
+        _, got = run_stitched(fun, args, what)
+    compare(got, jax.block_until_ready(jax.jit(fun)(*args)), what)
 
 
 MASK_CASES = dict(POSITIONAL_CASES, attention_grad=(causal_attention_grad, (jax.ShapeDtypeStruct((3, 5, 72, 72), jnp.float32),

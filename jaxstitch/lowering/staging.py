@@ -77,6 +77,7 @@ def stage_rows(k: Kernel, w: Writer, stash: dict[int, int], base: str, one_chunk
         w(f"  const long long srow = {base} + row_in_block;")
         w("  const int sc0 = 0, scols = N_COLS;")
         w("  const bool sok = srow < N_ROWS;")
+    extents = _prefix_extents(k, w)
     pad = "  " if one_chunk else "    "
     if one_chunk and k.partial_stash:
         w("  if (ch < STASH_CHUNKS)")
@@ -90,10 +91,24 @@ def stage_rows(k: Kernel, w: Writer, stash: dict[int, int], base: str, one_chunk
         if v.id in stash:
             i = k.inputs[v.id]
             stream = ", true" if k.partial_stash else ""
+            ok = f"(ok && sc0 + col0 <= {extents[v.id]})" if v.id in extents else "ok"
             w(f"{pad}  js_stage<{STYPE[v.dtype]}, V{stream}>({stash_slot(stash_ptr(k, v, stash[v.id], buf))}, "
-              f"ok ? in{i} + srow * N_COLS + sc0 + col0 : in{i}, ok);")
+              f"{ok} ? in{i} + srow * N_COLS + sc0 + col0 : in{i}, {ok});")
     w(f"{pad}}}")
     if not one_chunk:
         w("  }")
         w("  js_stage_commit();")
     w("}")
+
+
+def _prefix_extents(k: Kernel, w: Writer) -> dict[int, str]:
+    """For each staged input needed only on a prefix of its rows (plan/prefixes.py), the name of its
+    row's last needed column, declared here: copies past it are skipped (zeros are staged)."""
+    names, extents = {}, {}
+    for p in k.plan.prefixes:
+        key = (p.stride, p.size, p.offset)
+        if key not in names:
+            names[key] = f"sext{len(names)}"
+            w(f"  const long long {names[key]} = (srow / {p.stride}) % {p.size} + {p.offset};")
+        extents[p.value] = names[key]
+    return extents

@@ -135,7 +135,7 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
              views_after_reduction: bool = False, gather_compute_ops: int = 0,
              xla_row_levels: int | None = None, passes: int | None = None,
              integer_ops: int = 0, xla_unfused: int = 0, xla_slow: float = 0.0,
-             xla_copied: int = 0) -> Estimate:
+             xla_copied: int = 0, skipped_bytes: int = 0) -> Estimate:
     """`rereads`: phases after the first read their row inputs again from global memory (L2);
     `busy_sms`: the SMs our grid occupies (fewer than the target has when there are few rows);
     `split_rounds`: rounds of (row, slice) tasks when rows are split over blocks, each crossing a
@@ -158,12 +158,14 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     a row reduction read back over the row as one kernel; `xla_copied`: bytes of the concatenations
     merged_products.py wrote for products, which XLA copies in a kernel of their own after writing
     their operands (SwiGLU's gradients at GPT's shapes, H100, session 41: XLA's kernels around the
-    merged products 324 us against 311 as written, ours 286)."""
+    merged products 324 us against 311 as written, ours 286); `skipped_bytes`: what our kernel
+    need not read of its inputs (past a causal mask's prefix of each row: plan/prefixes.py), which
+    XLA reads."""
     bw = target.bandwidth_gbs * 1e3  # bytes per microsecond
     io = [layout.of(v) for v in inputs] + [layout.of(v) for v in outputs]
     must_move = sum(_nbytes(p, layout) for p in io) + gathered_bytes
     efficiency = SPLIT_EFFICIENCY if split_rounds else OUR_EFFICIENCY
-    ours = (must_move + 2 * workspace_bytes) / (bw * efficiency)
+    ours = (must_move - skipped_bytes + 2 * workspace_bytes) / (bw * efficiency)
     full_in = sum(_nbytes(layout.of(v), layout) for v in inputs if layout.of(v).declared == FULL)
     row_levels = reduction_levels(layout)
     if rereads:
@@ -207,4 +209,4 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     xla = max(xla_bytes / (bw * eff), integer_ops * elems / (XLA_INT_OPS_PER_SM_US * target.sm_count))
     xla += triton_us
     xla += xla_kernels * target.launch_us
-    return Estimate(must_move, ours, xla_kernels, xla_bytes, xla)
+    return Estimate(must_move - skipped_bytes, ours, xla_kernels, xla_bytes, xla)

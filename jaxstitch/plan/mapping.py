@@ -119,7 +119,9 @@ class Tuning:
     backward read a softmax's float32 sum (recompute._unrounds); 0 (the default) rounds every one,
     as the jaxpr says: 1 moved an attention block's bfloat16 gradients a little nearer float32 but
     rounded less than XLA does on Hopper, whose bfloat16 max, sub and exp are native (a DIEN-like
-    tile kernel then ended 8% of its largest value from jax.jit's; H100, session 45)."""
+    tile kernel then ended 8% of its largest value from jax.jit's; H100, session 45); `prefixes`: 0
+    has stage copies read whole rows even where a causal mask reads only a prefix of each
+    (plan/prefixes.py)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -153,12 +155,13 @@ class Tuning:
     col_group: int = 0
     one_wave: int = 0
     wide_converts: int = 0
+    prefixes: int = 1
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
               "scan_sums", "pairs", "serpentine", "scatters", "wide_scatters", "merge_products",
               "batched_folds", "product_concats", "cut_saving_us", "cmd_buffers", "xla_kernels", "col_group",
-              "one_wave", "wide_converts")
+              "one_wave", "wide_converts", "prefixes")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":

@@ -11,6 +11,7 @@ from . import cost, diamonds, mapping as mapping_mod, pairs, tile, views
 from .layout import COL, FULL, GATHER, MEMORY, PAIR_HALF, PAIR_SWAP, Layout, Unplannable, place
 from .mapping import Mapping
 from .online import OnlineSum, find_online_sums, sum_ids
+from .prefixes import Prefix, find_prefixes
 from .shifts import pull_out
 
 
@@ -58,6 +59,8 @@ class KernelPlan:
     unpaired: str | None = None
     # Columns of a grid-wide column reduction a block finishes together after the barrier.
     col_group: int = 8
+    # Staged row inputs needed only on a prefix of each row (a causal mask: plan/prefixes.py).
+    prefixes: tuple[Prefix, ...] = ()
 
     @property
     def stage_bytes(self) -> int:
@@ -216,7 +219,8 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits), online,
                             bool(tuning.fast_exp) and fast_exp(region), shifts, xla_levels, passes,
                             diamonds.unfused_reductions(original) if tuning.diamonds else 0, unpaired,
-                            tuning.col_group or column_group(layout.n_cols, mp.grid_cap))
+                            tuning.col_group or column_group(layout.n_cols, mp.grid_cap),
+                            _staged_prefixes(region, layout, mp, tuning))
     except Unplannable as e:
         return RegionPlan(original, None, None, str(e))
     busy_sms = min(target.sm_count, mp.grid)
@@ -228,6 +232,21 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                 f"{mp.rows_per_block} per block{', ' + str(mp.splits) + ' blocks per row' if mp.splits > 1 else ''}): "
                 f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
     return RegionPlan(original, kernel, est, _decline_reason(region, est, gain, idle, tuning))
+
+
+def _staged_prefixes(region: Region, layout, mp, tuning) -> tuple[Prefix, ...]:
+    """The prefixes of row inputs the kernel copies into its stage buffers (the copies skip what
+    lies past a row's prefix; other loads read everything)."""
+    if not tuning.prefixes or not mp.stages or not mp.smem_bytes:
+        return ()
+    return find_prefixes(region, layout)
+
+
+def _skipped_bytes(kernel: KernelPlan) -> int:
+    """What the stage copies leave unread past the rows' prefixes (their stashed chunks' share)."""
+    mp, share = kernel.mapping, kernel.mapping.stashed_chunks / max(1, kernel.mapping.chunks)
+    sizes = {v.id: v.nbytes for v in kernel.region.inputs}
+    return int(sum(sizes[p.value] * (1 - p.kept(mp.n_rows, mp.n_cols)) * share for p in kernel.prefixes))
 
 
 def column_group(n_cols: int, grid: int) -> int:
@@ -291,7 +310,8 @@ def _estimate(kernel: KernelPlan, original: Region, target: Target) -> cost.Esti
                          passes=kernel.passes, integer_ops=_integer_ops(region, layout),
                          xla_unfused=kernel.xla_unfused, xla_slow=cost.xla_slow_ns(region.ops, layout),
                          xla_copied=sum(op.outputs[0].nbytes for op in original.ops
-                                        if op.param("for_products")))
+                                        if op.param("for_products")),
+                         skipped_bytes=_skipped_bytes(kernel))
 
 
 def _fewer_passes(region: Region, online, layout: Layout, tuning: mapping_mod.Tuning):
