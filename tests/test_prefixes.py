@@ -85,9 +85,9 @@ def test_the_attention_backward_reads_dp_whole():
 
 
 def test_kept_share_of_a_causal_square():
-    assert Prefix(0, 1, 4, 0).kept(16, 4) == 10 / 16  # rows keep 1, 2, 3 and 4 of 4 columns
-    assert Prefix(0, 1, 4, -1).kept(16, 4) == 6 / 16
-    assert Prefix(0, 1, 4, 10).kept(16, 4) == 1.0
+    assert Prefix(0, 1, 4, 0).kept(4) == 10 / 16  # rows keep 1, 2, 3 and 4 of 4 columns
+    assert Prefix(0, 1, 4, -1).kept(4) == 6 / 16
+    assert Prefix(0, 1, 4, 10).kept(4) == 1.0
 
 
 def test_stage_copies_skip_past_the_prefix(monkeypatch):

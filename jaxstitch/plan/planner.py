@@ -246,7 +246,7 @@ def _skipped_bytes(kernel: KernelPlan) -> int:
     """What the stage copies leave unread past the rows' prefixes (their stashed chunks' share)."""
     mp, share = kernel.mapping, kernel.mapping.stashed_chunks / max(1, kernel.mapping.chunks)
     sizes = {v.id: v.nbytes for v in kernel.region.inputs}
-    return int(sum(sizes[p.value] * (1 - p.kept(mp.n_rows, mp.n_cols)) * share for p in kernel.prefixes))
+    return int(sum(sizes[p.value] * (1 - p.kept(mp.n_cols)) * share for p in kernel.prefixes))
 
 
 def column_group(n_cols: int, grid: int) -> int:

@@ -34,8 +34,9 @@ class Prefix:
     size: int
     offset: int
 
-    def kept(self, n_rows: int, n_cols: int) -> float:
-        """The share of the input's elements its rows' prefixes hold (over one period of q)."""
+    def kept(self, n_cols: int) -> float:
+        """The share of the input's elements its rows' prefixes hold (q takes each value equally
+        often)."""
         held = sum(min(n_cols, max(0, q + self.offset + 1)) for q in range(self.size))
         return held / (self.size * n_cols)
 
