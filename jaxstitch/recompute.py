@@ -193,6 +193,7 @@ def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir
     masked-LM head backward came out heavier and was declined for its registers."""
     todo = sorted(r.inputs, key=lambda v: -v.size * v.itemsize)
     seen, first = set(todo), set(todo)
+    saves_write = sole | hidden  # (taking in a leaf no kernel writes yet saves its write, as for one only r reads)
     while todo:
         v = todo.pop(0)
         if v.size <= 1 or v not in r.inputs:
@@ -207,7 +208,7 @@ def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir
         if v not in first and not _swaps_for_written(v, candidate, r, hidden):
             continue
         extra = _new_bytes(candidate, r, hidden)
-        if extra > MAX_BYTES_RATIO * _bytes_of(v, sole | hidden) and not (
+        if extra > MAX_BYTES_RATIO * _bytes_of(v, saves_write) and not (
                 _unrounds(chain) and extra <= MAX_UNROUNDED_SHARE * _largest_bytes(r)):
             continue
         if fits(candidate):

@@ -418,7 +418,7 @@ def test_a_backward_left_to_xla_gets_the_mask_no_kernel_wrote(monkeypatch):
     with force_stitching(where=forward):
         report = jaxstitch.explain(gpt_attention_grad, *specs, target="h100")
         assert [r.stitched for r in report.regions if len(r.ops) > 10] == [True, False], report
-        written = [o for c in jaxstitch.pipeline.build(
+        written = [o for c in pipeline.build(
             gpt_attention_grad, list(specs), jax.tree_util.tree_structure((specs, {})),
             jaxstitch.get_target("h100"), jaxstitch.config.load()).regions if c.stitched
             for o in c.plan.region.outputs]

@@ -181,7 +181,7 @@ class Tuning:
             raise ValueError(f"stages={t.stages}: must be from 0 to 4")
         if t.batched_folds not in (0, 1, 2):
             raise ValueError(f"batched_folds={t.batched_folds}: must be 0 (none), 1 (those an op computes with) or 2 (every one)")
-        for name in ("one_wave", "wide_converts"):
+        for name in ("one_wave", "wide_converts", "prefixes"):
             if getattr(t, name) not in (0, 1):
                 raise ValueError(f"{name}={getattr(t, name)}: must be 0 or 1")
         if t.col_group not in (0, 1, 2, 4, 8, 16, 32):

@@ -44,7 +44,7 @@ class Prefix:
 def find_prefixes(region: Region, layout: Layout) -> tuple[Prefix, ...]:
     """The region's full-size inputs that every use reads under one prefix-shaped positional mask."""
     producer = {o.id: op for op in region.ops for o in op.outputs}
-    need: dict[int, object] = {v.id: _ALL for v in region.outputs}
+    need: dict[int, object] = {v.id: _ALL for v in region.outputs}  # id -> _ALL or the mask (a Value)
 
     def add(v, cond):
         if isinstance(v, ir.Value):
@@ -60,7 +60,7 @@ def find_prefixes(region: Region, layout: Layout) -> tuple[Prefix, ...]:
         if op.prim == "select_n" and len(op.inputs) == 3 and _prefix_of(op.inputs[0], producer, shape):
             add(op.inputs[0], _ALL)
             add(op.inputs[1], _ALL)
-            add(op.inputs[2], op.inputs[0].id if cond in (_ALL, op.inputs[0].id) else _ALL)
+            add(op.inputs[2], op.inputs[0] if cond in (_ALL, op.inputs[0]) else _ALL)
         elif op.prim in opdefs.ELEMENTWISE and len(op.outputs) == 1:
             for a in op.inputs:
                 add(a, cond if isinstance(a, ir.Value) and a.shape == shape else _ALL)
@@ -74,7 +74,7 @@ def find_prefixes(region: Region, layout: Layout) -> tuple[Prefix, ...]:
             continue
         if layout.n_cols != v.shape[-1]:
             continue
-        form = _prefix_of(_value(region, mask), producer, v.shape)
+        form = _prefix_of(mask, producer, v.shape)
         if form is not None:
             q_axis, offset = form
             stride = 1
@@ -82,10 +82,6 @@ def find_prefixes(region: Region, layout: Layout) -> tuple[Prefix, ...]:
                 stride *= d
             out.append(Prefix(v.id, stride, v.shape[q_axis], offset))
     return tuple(out)
-
-
-def _value(region: Region, vid: int) -> ir.Value:
-    return next(o for op in region.ops for o in op.outputs if o.id == vid)
 
 
 def _prefix_of(pred: ir.Atom, producer: dict, shape: tuple) -> tuple[int, int] | None:
