@@ -523,25 +523,26 @@ __device__ __forceinline__ void js_row_group_sync(unsigned int group, unsigned i
   js_barrier(js_group_arrived + group, js_group_generation + group, splits, generation);
 }
 
-// Copy COUNT elements from global to shared memory with the block's BLOCK threads, element by
-// element (the tile kernels' inputs that are no whole number of 16-byte pieces).
+// Copy COUNT elements from global to shared memory with the BLOCK threads working on one tile (the
+// block's, or a warp's of a block of several tiles), `tid` this thread's index among them, element
+// by element (the tile kernels' inputs that are no whole number of 16-byte pieces).
 template <typename S, int COUNT, int BLOCK>
-__device__ __forceinline__ void js_block_copy(S* __restrict__ dst, const S* __restrict__ src) {
-  for (int i = threadIdx.x; i < COUNT; i += BLOCK) dst[i] = src[i];
+__device__ __forceinline__ void js_block_copy(S* __restrict__ dst, const S* __restrict__ src, int tid) {
+  for (int i = tid; i < COUNT; i += BLOCK) dst[i] = src[i];
 }
 // The same copy into floats, converted on the way (a half-precision input stashed as float32).
 template <typename S, int COUNT, int BLOCK>
-__device__ __forceinline__ void js_block_copy_wide(float* __restrict__ dst, const S* __restrict__ src) {
-  for (int i = threadIdx.x; i < COUNT; i += BLOCK) dst[i] = js_io<S>::get(src[i]);
+__device__ __forceinline__ void js_block_copy_wide(float* __restrict__ dst, const S* __restrict__ src, int tid) {
+  for (int i = tid; i < COUNT; i += BLOCK) dst[i] = js_io<S>::get(src[i]);
 }
 // The same copy started asynchronously (cp.async, evict-first in L2), when COUNT elements are a
 // whole number of 16-byte pieces: it lands after js_stage_commit and js_stage_wait.
 template <typename S, int COUNT, int BLOCK>
-__device__ __forceinline__ void js_block_copy_async(S* __restrict__ dst, const S* __restrict__ src) {
+__device__ __forceinline__ void js_block_copy_async(S* __restrict__ dst, const S* __restrict__ src, int tid) {
   static_assert((COUNT * sizeof(S)) % 16 == 0, "js_block_copy_async copies 16-byte pieces");
   float* d = reinterpret_cast<float*>(dst);
   const float* s = reinterpret_cast<const float*>(src);
 #pragma unroll 4
-  for (int i = threadIdx.x; i < (int)(COUNT * sizeof(S) / 16); i += BLOCK)
+  for (int i = tid; i < (int)(COUNT * sizeof(S) / 16); i += BLOCK)
     js_stage<float, 4, true>(d + 4 * i, s + 4 * i, true);
 }

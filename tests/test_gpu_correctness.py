@@ -444,8 +444,10 @@ def test_long_rows_match_xla(name, dtype, shape, mapping, monkeypatch):
 
 # Batches of small tiles (plan/tile.py): reductions along both tile axes and over the whole tile in one
 # kernel. Tile widths below a warp (lanes grouped per row of the tile), wider than a warp, and DIEN's;
-# 150 rows: the softmax statistics' epoch in one warp without slots (test_tile_one_warp.py).
-TILE_SHAPES = [(257, 20, 12), (64, 7, 200), (1000, 50, 36), (96, 150, 24)]
+# 150 rows: the softmax statistics' epoch in one warp without slots (test_tile_one_warp.py). DIEN's
+# at 6000 tiles: more than one wave of blocks (or of warps, a warp on each tile) holds, so each walks
+# several, the next one's inputs copied while this one is worked on.
+TILE_SHAPES = [(257, 20, 12), (64, 7, 200), (6000, 50, 36), (96, 150, 24)]
 
 
 def tile_mix(x, w):
@@ -457,10 +459,13 @@ def tile_mix(x, w):
     return y, s * w, tot, jnp.min(x * w[..., None], axis=1)
 
 
+@pytest.mark.parametrize("teams", [1, 4])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("shape", TILE_SHAPES, ids=["x".join(map(str, s)) for s in TILE_SHAPES])
-def test_tile_kernels_match_xla(shape, dtype):
-    seed = (RUN_SEED + zlib.crc32(f"tiles/{shape}/{dtype}".encode())) % (1 << 63)
+def test_tile_kernels_match_xla(shape, dtype, teams, monkeypatch):
+    """teams=1: a block on each tile; 4: a warp on each of four (plan/tile.TILE_TEAMS)."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", f"teams={teams}")
+    seed = (RUN_SEED + zlib.crc32(f"tiles/{shape}/{dtype}/{teams}".encode())) % (1 << 63)
     rng = np.random.default_rng(seed)
     b, ta, tb = shape
     dt = DTYPES[dtype]
@@ -1204,12 +1209,14 @@ def test_variadic_reduces_match_xla(name, dtype):
         compare(a, c, f"{what} output {i}")
 
 
+@pytest.mark.parametrize("teams", [1, 4])
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", sorted(TRANSPOSE_CASES))
-def test_transposed_tiles_match_xla(name, dtype):
+def test_transposed_tiles_match_xla(name, dtype, teams, monkeypatch):
     """Transposes of the minor axis in batches of small tiles (inputs read transposed from shared or
     global memory, outputs stored transposed), reshapes merging or splitting a tile's two axes,
-    forced, against jax.jit."""
+    forced, against jax.jit; a block or a warp on each tile."""
+    monkeypatch.setenv("JAXSTITCH_TUNE", f"teams={teams}")
     fun, specs = TRANSPOSE_CASES[name]
     what, _, got, want = forced_case("transpose", name, dtype, fun, lambda s: random_inputs(specs, s),
                                      {"transpose", "reshape"})

@@ -64,9 +64,10 @@ def test_long_axes_walk_by_lanes_without_slots(tmp_path, monkeypatch):
 @pytest.mark.parametrize("dtype, d, pairs", [(jnp.bfloat16, 36, True), (jnp.float32, 36, False),
                                              (jnp.bfloat16, 35, False)])
 def test_loops_along_b_take_pairs_of_half_precision_columns(tmp_path, monkeypatch, dtype, d, pairs):
-    """Two consecutive b a step where a 2-byte input lies in shared memory and the width is even."""
+    """Two consecutive b a step where a 2-byte input lies in shared memory and the width is even
+    (a block on each tile; test_tile_teams.py has a warp's four)."""
     code = _code(tmp_path, monkeypatch, WORKLOADS["dien_attention_fwdbwd"].fn,
-                 _dien_specs(dtype, b=16, t=50, d=d))
+                 _dien_specs(dtype, b=16, t=50, d=d), "teams=1")
     along_b = "for (int b0 = 2 * (tid % GROUP); b0 < TB; b0 += 2 * GROUP)"
     along_a = "for (int t = tid; t < SLICES * (TB / 2); t += BLOCK) {"
     assert (along_b in code, along_a in code) == (pairs, pairs)

@@ -20,9 +20,11 @@ def _dien_specs(dtype, b=64, t=50, d=36):
     return (sds((b, t, d), dtype), sds((b, d), dtype), sds((b, t), jnp.bool_), sds((b, d), dtype))
 
 
-def _code(tmp_path, monkeypatch, fun, specs) -> str:
+def _code(tmp_path, monkeypatch, fun, specs, tune: str = "") -> str:
+    """The generated CUDA of `fun` planned for an H100 (JAXSTITCH_TUNE `tune`, e.g. "teams=1": a
+    block on each tile, where the plan would give bfloat16 DIEN tiles a warp each)."""
     monkeypatch.setenv("JAXSTITCH_DUMP_DIR", str(tmp_path))
-    monkeypatch.setenv("JAXSTITCH_TUNE", "min_gain_pct=0")
+    monkeypatch.setenv("JAXSTITCH_TUNE", ",".join(filter(None, ["min_gain_pct=0", tune])))
     report = jaxstitch.explain(fun, *specs, target="h100")
     assert any(r.stitched and "tile" in (r.mapping or "") for r in report.regions), report
     return "\n".join(p.read_text() for p in tmp_path.rglob("*.cu"))
@@ -30,8 +32,9 @@ def _code(tmp_path, monkeypatch, fun, specs) -> str:
 
 @pytest.mark.parametrize("dtype, width", [(jnp.bfloat16, 4), (jnp.float32, 4)])
 def test_dien_attention_stores_its_key_gradient_in_vectors(tmp_path, monkeypatch, dtype, width):
-    """36 columns: 4 a vector (8 would not divide 36); bfloat16 8 bytes, float32 16."""
-    code = _code(tmp_path, monkeypatch, WORKLOADS["dien_attention_fwdbwd"].fn, _dien_specs(dtype))
+    """36 columns: 4 a vector (8 would not divide 36); bfloat16 8 bytes, float32 16 (a block on each
+    tile: test_tile_teams.py has a warp's loop)."""
+    code = _code(tmp_path, monkeypatch, WORKLOADS["dien_attention_fwdbwd"].fn, _dien_specs(dtype), "teams=1")
     assert f"for (int i0 = tid * {width}; i0 < TILE; i0 += BLOCK * {width})" in code
     store = "js_bf16" if dtype == jnp.bfloat16 else "float"
     assert re.search(rf"js_store<{store}, {width}>\(out(\d+) \+ \(row\) \* TILE \+ i0, js_v\1\);", code)
@@ -40,8 +43,10 @@ def test_dien_attention_stores_its_key_gradient_in_vectors(tmp_path, monkeypatch
 def test_half_precision_tiles_round_once_and_read_their_vectors_as_floats(tmp_path, monkeypatch):
     """bfloat16 DIEN: the key gradient is stored from its float (the store rounds; no js_round_bf16
     before it), and the query and output gradient, copied through registers, lie in shared memory
-    as floats, converted as they are stored there (71.1 -> 66 us on an H100, session 34)."""
-    code = _code(tmp_path, monkeypatch, WORKLOADS["dien_attention_fwdbwd"].fn, _dien_specs(jnp.bfloat16))
+    as floats, converted as they are stored there (71.1 -> 66 us on an H100, session 34). A block
+    on each tile."""
+    code = _code(tmp_path, monkeypatch, WORKLOADS["dien_attention_fwdbwd"].fn, _dien_specs(jnp.bfloat16),
+                 "teams=1")
     each = code[code.index("for (int i0 = tid * 4"):]
     each = each[:each.index("js_store<js_bf16, 4>")]
     assert "js_round_bf16" not in each

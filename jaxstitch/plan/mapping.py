@@ -121,7 +121,8 @@ class Tuning:
     rounded less than XLA does on Hopper, whose bfloat16 max, sub and exp are native (a DIEN-like
     tile kernel then ended 8% of its largest value from jax.jit's; H100, session 45); `prefixes`: 0
     has stage copies read whole rows even where a causal mask reads only a prefix of each
-    (plan/prefixes.py)."""
+    (plan/prefixes.py); `teams`: tiles a tile kernel's block works on at once, one a warp (1: the
+    block on one tile; plan/tile.TILE_TEAMS by default)."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -156,12 +157,13 @@ class Tuning:
     one_wave: int = 0
     wide_converts: int = 0
     prefixes: int = 1
+    teams: int | None = None
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
               "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
               "scan_sums", "pairs", "serpentine", "scatters", "wide_scatters", "merge_products",
               "batched_folds", "product_concats", "cut_saving_us", "cmd_buffers", "xla_kernels", "col_group",
-              "one_wave", "wide_converts", "prefixes")
+              "one_wave", "wide_converts", "prefixes", "teams")
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
@@ -184,6 +186,8 @@ class Tuning:
         for name in ("one_wave", "wide_converts", "prefixes"):
             if getattr(t, name) not in (0, 1):
                 raise ValueError(f"{name}={getattr(t, name)}: must be 0 or 1")
+        if t.teams not in (None, 1, 2, 4, 8):
+            raise ValueError(f"teams={t.teams}: must be 1, 2, 4 or 8")
         if t.col_group not in (0, 1, 2, 4, 8, 16, 32):
             raise ValueError(f"col_group={t.col_group}: must be 0 (chosen by the shape) or a power of two up to 32")
         if not 32 <= t.min_threads <= 2048:

@@ -6,7 +6,8 @@ reduces over K (scores), then over A (softmax, the weighted sum of the steps), a
 does both again: XLA runs it as several small kernels at 9-16% of the HBM roofline. Here each block
 takes one batch element, an A x K *tile*: inputs spanning the whole tile are copied to shared memory
 once, values along one axis of the tile live in shared-memory arrays, and each reduction is a loop of
-the block's threads over the tile, ordered so that every sum is deterministic.
+the block's threads over the tile, ordered so that every sum is deterministic. Where a tile's shared
+memory lets enough of them fit an SM, a warp takes each tile instead, four to a block (TILE_TEAMS).
 
 Planning labels every dimension of every value with the tile axis it runs along ("n": the batch
 rows, "a", "b": the tile's two axes), then schedules the ops into *epochs* separated by block
@@ -69,6 +70,13 @@ MAX_TILE_SMEM = 64 * 1024
 # Threads per block. DIEN's 50x36 tiles on an H100: 128 was 1.16x faster than 256 (more tiles in
 # flight); 64 was 1.20x faster in bfloat16 but 0.92x in float32 (docs/perf_notes.md, session 7).
 TILE_BLOCK = 128
+# Tiles a block works on at once, each by one warp (1: the whole block on one tile): a warp's tile
+# ends its epochs at the warp's barrier, where the block's waits at a block barrier with idle warps
+# (epochs of one warp, loops over 36 columns). DIEN's 50x36 tiles on an H100 (session 48), GPU time:
+# bfloat16 63.7 -> 54.0 us (20 warps an SM); float32 94.3 -> 102.6 (its tiles' shared memory leaves
+# 12 warps an SM), so a warp takes a tile only where MIN_TEAM_WARPS of them fit an SM.
+TILE_TEAMS = 4
+MIN_TEAM_WARPS = 16
 # Fraction of copy bandwidth a tile kernel reaches: DIEN attention fwd+bwd, [16384, 50, 36], H100:
 # 70% float32, 37% bfloat16 (bound by instruction issue, not memory: both take ~110-117 us).
 TILE_EFFICIENCY = 0.6
@@ -126,13 +134,26 @@ class TileMapping:
     stages: int = 2
     pairs: bool = False       # loops along b take two consecutive b a step (see takes_pairs)
     slices: int = 1           # threads per b (or pair of b) in ALONG_A loops (see slices)
+    teams: int = 1            # tiles a block works on at once, one a warp when more than 1 (see teams)
 
     @property
     def n_cols(self) -> int:
         return self.tile_a * self.tile_b
 
     @property
+    def team(self) -> int:
+        """Threads working on one tile."""
+        return self.block // self.teams
+
+    @property
+    def team_smem(self) -> int:
+        """Shared memory of one tile's threads (the block's is TEAMS of these, one after another)."""
+        return self.smem_bytes // self.teams
+
+    @property
     def name(self) -> str:
+        if self.teams > 1:
+            return f"warp per {self.tile_a}x{self.tile_b} tile, {self.teams} a block"
         return f"block per {self.tile_a}x{self.tile_b} tile, {self.block} threads"
 
 
@@ -329,6 +350,19 @@ def _reduced_axes(op: ir.Op, kinds: dict[int, str]) -> str:
 
 
 def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_exp: bool = False) -> TilePlan:
+    """The tile plan, a warp on each tile where the SM holds MIN_TEAM_WARPS such warps (shared memory
+    allowing), else the block (see TILE_TEAMS); a tuning's `teams` decides alone."""
+    if tuning.teams is not None:
+        return _plan_tile(region, target, tuning, fast_exp)
+    plan = _plan_tile(region, target, dataclasses.replace(tuning, teams=TILE_TEAMS), fast_exp)
+    m = plan.mapping
+    per_sm = min(target.max_threads_per_sm // m.block, target.smem_per_sm // (m.smem_bytes + SMEM_PER_BLOCK_SYSTEM))
+    if m.teams == 1 or per_sm * m.teams >= MIN_TEAM_WARPS:
+        return plan
+    return _plan_tile(region, target, dataclasses.replace(tuning, teams=1), fast_exp)
+
+
+def _plan_tile(region: Region, target: Target, tuning: Tuning, fast_exp: bool) -> TilePlan:
     moves = sorted({op.prim for op in region.ops if op.prim in opdefs.VIEWS | opdefs.SCANS} - {"transpose"})
     if moves:
         raise Unplannable(f"{', '.join(moves)} in a tile (data-moving ops other than transposes, and scans, "
@@ -366,7 +400,8 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
         if dom(v.id) == FULL:
             full_readers.add(root(v.id))
 
-    block = _block(tuning)
+    teams = tuning.teams or 1
+    block = 32 if teams > 1 else _block(tuning)  # threads a tile (a team)
     stage = 0
     tv: dict[int, TileValue] = {}
     for v in region.inputs:
@@ -469,33 +504,90 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
 
     nwarps = block // 32
     paired = takes_pairs(tv.values(), tb)
-    n_slices = slices(block, tb, paired)
-    for vid in partials:
-        t = tv[vid]
-        n = n_slices * tb if t.domain == B else nwarps
-        tv[vid] = dataclasses.replace(t, partial_offset=smem)
-        smem += _pad(4 * n)
-    if smem > MAX_TILE_SMEM:
-        raise Unplannable(f"a {ta}x{tb} tile needs {smem} bytes of shared memory (at most {MAX_TILE_SMEM})")
-    group = lanes_per_a(block, ta, tb)
-    per_sm = max(1, min(target.max_threads_per_sm // block,
-                        target.smem_per_sm // (smem + SMEM_PER_BLOCK_SYSTEM)))
-    min_blocks = max(1, min(per_sm, tuning.min_threads // block))
-    grid = min(n_rows, target.sm_count * per_sm)  # one wave; compile_region sizes it off the cubin
-    mapping = TileMapping(n_rows, ta, tb, block, grid, smem, min_blocks, group, stage, pairs=paired,
-                          slices=n_slices)
+    n_slices = team_slices(ta, tb, paired) if teams > 1 else slices(block, tb, paired)
     ordered = []
     loop_order = [ROW_STEP, EACH, ALONG_B, ALONG_A, MAP_A, MAP_B]
     for (e, loop) in sorted(steps, key=lambda k: (k[0], loop_order.index(k[1]))):
         s = steps[(e, loop)]
         ordered.append(TileStep(e, loop, tuple(s["ops"]), tuple(s["finish"]), tuple(s["stores"])))
-    epochs = max([s.epoch for s in ordered] + [0])
     producer = {op.outputs[0].id: op for op in compute}
+    sizes = {t.value.id: _pad(4 * (ta if t.domain == A else tb)) for t in tv.values() if t.home == ARRAY}
+    partial_sizes = {vid: _pad(4 * (n_slices * tb if tv[vid].domain == B else nwarps)) for vid in partials}
+    tv, smem = _share_shared_memory(ordered, tv, producer, root, 2 * stage, sizes, partial_sizes)
+    if smem > MAX_TILE_SMEM:
+        raise Unplannable(f"a {ta}x{tb} tile needs {smem} bytes of shared memory (at most {MAX_TILE_SMEM})")
+    group = lanes_per_a(block, ta, tb)
+    threads, smem = block * teams, smem * teams
+    per_sm = max(1, min(target.max_threads_per_sm // threads,
+                        target.smem_per_sm // (smem + SMEM_PER_BLOCK_SYSTEM)))
+    min_blocks = max(1, min(per_sm, tuning.min_threads // threads))
+    grid = min(-(-n_rows // teams), target.sm_count * per_sm)  # one wave; compile_region sizes it off the cubin
+    mapping = TileMapping(n_rows, ta, tb, threads, grid, smem, min_blocks, group, stage, pairs=paired,
+                          slices=n_slices, teams=teams)
+    epochs = max([s.epoch for s in ordered] + [0])
     return TilePlan(region, tuple(tv[v] for v in tv), tuple(ordered), mapping, tuple(alias.items()),
                     epochs, tuple((v.id, orders[v.id]) for v in region.outputs), fast_exp=fast_exp,
                     merged_store=any(len(x) == 2 and not x.startswith("n") for v in region.outputs
                                      for x in labels[v.id]),
                     one_warp=_one_warp_epochs(ordered, tv, producer, root))
+
+
+def _share_shared_memory(steps: list[TileStep], tv: dict[int, TileValue], producer: dict[int, ir.Op], root,
+                          base: int, sizes: dict[int, int], partial_sizes: dict[int, int]
+                          ) -> tuple[dict[int, TileValue], int]:
+    """Offsets for the shared arrays (`sizes`) and reductions' partials (`partial_sizes`) after the
+    stage buffers (`base` bytes): each lives from the epoch that writes it to the last that reads
+    it, and two share bytes only where their epochs do not meet (a barrier ends every epoch). First
+    fit, largest first. Returns the values with their offsets and the bytes a tile needs. DIEN's
+    bfloat16 tile on a warp: 10176 -> 9344 bytes (its partials take the scores' space, its sums over
+    a the probabilities'), so six blocks of four warps fit an H100 SM where five did (GPU time 53.5
+    -> 54.0 us, on two machines: the kernel is not bound by its warps an SM)."""
+    read_in = _read_epochs(steps, tv, producer, root)
+    lives = []  # (first epoch, last epoch, bytes, value id, partials?)
+    for vid, n in sizes.items():
+        t = tv[vid]
+        first = t.array_epoch - 1
+        last = max([e for e in read_in.get(vid, ()) if e >= t.array_epoch], default=first)
+        lives.append((first, last, n, vid, False))
+    for vid, n in partial_sizes.items():
+        t = tv[vid]
+        first = t.array_epoch - 2 if t.home == ARRAY else t.epoch - 1
+        lives.append((first, first + 1, n, vid, True))
+    placed: list[tuple[int, int, int, int]] = []  # (offset, bytes, first, last)
+    end = base
+    for first, last, n, vid, partial in sorted(lives, key=lambda x: (-x[2], x[0], x[3], x[4])):
+        meets = sorted((o, b) for o, b, f, l in placed if f <= last and first <= l)
+        offset = base
+        for o, b in meets:
+            if offset + n <= o:
+                break
+            offset = max(offset, o + b)
+        placed.append((offset, n, first, last))
+        end = max(end, offset + n)
+        tv[vid] = dataclasses.replace(tv[vid], **({"partial_offset": offset} if partial else {"offset": offset}))
+    return tv, end
+
+
+def _read_epochs(steps: list[TileStep], tv: dict[int, TileValue], producer: dict[int, ir.Op], root
+                 ) -> dict[int, set[int]]:
+    """The epochs in which each value is read: by a step's ops and stores, and through the inline
+    values they compute again (an array read before its epoch is one of them). A step's `finish`
+    reads its reductions' partials alone, not their operands."""
+    read: dict[int, set[int]] = {}
+    for s in steps:
+        todo = [a for op in s.ops for a in op.inputs if isinstance(a, ir.Value)] + list(s.stores)
+        seen: set[int] = set()
+        while todo:
+            vid = root(todo.pop().id)
+            if vid in seen:
+                continue
+            seen.add(vid)
+            read.setdefault(vid, set()).add(s.epoch)
+            t = tv.get(vid)
+            early = t is not None and t.home == ARRAY and 0 <= s.epoch < t.array_epoch and t.epoch >= 0
+            if t is not None and (t.home == INLINE or early) and vid in producer:
+                todo.extend(a for a in producer[vid].inputs if isinstance(a, ir.Value))
+    return read
 
 
 def _one_warp_epochs(steps: list[TileStep], tv: dict[int, TileValue], producer: dict[int, ir.Op],
@@ -551,7 +643,8 @@ def one_wave(mapping: TileMapping, registers: int, target: Target) -> TileMappin
     per_sm = min(target.max_threads_per_sm // mapping.block,
                  target.blocks_by_registers(mapping.block, registers) if registers else 32,
                  target.smem_per_sm // (mapping.smem_bytes + SMEM_PER_BLOCK_SYSTEM))
-    return dataclasses.replace(mapping, grid=max(1, min(mapping.n_rows, per_sm * target.sm_count)))
+    tiles = -(-mapping.n_rows // mapping.teams)
+    return dataclasses.replace(mapping, grid=max(1, min(tiles, per_sm * target.sm_count)))
 
 
 def lanes_per_a(block: int, ta: int, tb: int) -> int:
@@ -578,6 +671,18 @@ def slices(block: int, tb: int, pairs: bool = False) -> int:
     Counted by pairs where a thread takes two b: counted by b, DIEN's 36 columns kept 54 of 128
     threads busy (3 slices) and the block's other warps waited at the epoch's barrier."""
     return max(1, block // (tb // 2 if pairs else tb))
+
+
+def team_slices(ta: int, tb: int, pairs: bool = False, most: int = 8) -> int:
+    """`slices` for a warp's tile: the count (up to `most`) that gives a lane the fewest steps, its
+    rounds over the (b, slice) pairs times each slice's a, plus the slices each b's partials combine.
+    DIEN's 36 columns in pairs: 3 slices (54 pairs of threads' work in 2 rounds of 32, 17 a each),
+    where one slice would keep 18 of 32 lanes busy for all 50."""
+    columns = tb // 2 if pairs else tb
+
+    def steps(s: int) -> int:
+        return -(-s * columns // 32) * -(-ta // s) + -(-tb // 32) * s
+    return min(range(1, most + 1), key=lambda s: (steps(s), s))
 
 
 def _pad(n: int) -> int:
