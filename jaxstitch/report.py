@@ -121,7 +121,7 @@ def make_report(program: Program, cache: Stats | None = None, symbolic: bool = F
             est_bytes=est.bytes if est else None, est_us=est.us if est else None,
             xla_kernels=est.xla_kernels if est else None, xla_est_us=est.xla_us if est else None,
             reason=c.reason, cache_key=c.key, smem_bytes=m.smem_bytes if m else None,
-            registers=c.registers, alternatives=c.tried + _unpaired(k), where=where,
+            registers=c.registers, alternatives=c.tried + _passed_over(k), where=where,
             variants=(((f"below {c.xla_below} rows: XLA's kernels",) if c.xla_below else ())
                       + tuple(f"below {n} rows: {v.plan.kernel.description}" for n, v in c.variants))))
     seen, rewritten = [], {}
@@ -137,9 +137,10 @@ def make_report(program: Program, cache: Stats | None = None, symbolic: bool = F
                   tuple(sorted(rewritten.items())))
 
 
-def _unpaired(kernel) -> tuple[str, ...]:
-    """A pairing of the row's halves the planner found but could not map (plan/pairs.py), and why."""
-    why = getattr(kernel, "unpaired", None)
+def _passed_over(kernel) -> tuple[str, ...]:
+    """A pairing of the row's halves the planner found but could not map (plan/pairs.py), or a warp
+    on each tile it planned but did not take (plan/tile.py), and why."""
+    why = getattr(kernel, "unpaired", None) or getattr(kernel, "declined", None)
     return (why,) if why else ()
 
 

@@ -46,7 +46,7 @@ def test_a_warps_shared_memory_is_its_own_and_its_barriers_the_warps(tmp_path, m
     assert "js_dyn = js_smem + js_team * TEAM_SMEM" in code
     assert "__launch_bounds__(BLOCK * TEAMS," in code
     kernel = code[code.index('extern "C"'):]
-    assert "__syncthreads" not in kernel.replace("JS_TILE_SYNC() __syncthreads()", "")
+    assert "__syncthreads" not in kernel
     assert kernel.count("JS_TILE_SYNC();") == 2 + 3  # the tile's start and end, and 3 epoch ends
     assert "row += js_stride" in kernel and "js_next = row + js_stride" in kernel
 
@@ -147,3 +147,24 @@ def test_arrays_share_shared_memory_only_across_barriers(dtype, tune):
     assert shared > 0
     if dtype == jnp.bfloat16 and not tune:
         assert plan.mapping.team_smem == 9344 and plan.mapping.smem_bytes == 4 * 9344
+
+
+def test_teams_whose_shared_memory_no_block_may_have_are_declined(monkeypatch):
+    """Eight 100x40 float32 tiles (34 KB each) would need 273 KB a block: forced, the region is left
+    to XLA with the reason; by default the plan takes a block a tile."""
+    specs = _dien_specs(jnp.float32, b=512, t=100, d=40)
+    monkeypatch.setenv("JAXSTITCH_TUNE", "teams=8,min_gain_pct=0")
+    report = jaxstitch.explain(DIEN, *specs, target="h100")
+    assert not any(r.stitched for r in report.regions)
+    assert "a block may have" in str(report), str(report)
+    monkeypatch.setenv("JAXSTITCH_TUNE", "min_gain_pct=0")
+    (region,) = [r for r in jaxstitch.explain(DIEN, *specs, target="h100").regions if r.stitched]
+    assert region.mapping.startswith("block per 100x40 tile")
+
+
+def test_the_report_says_why_a_block_takes_each_float32_tile(monkeypatch):
+    region = _region(monkeypatch, jnp.float32)
+    assert region.alternatives == (
+        "warp per 50x36 tile, 4 a block (16960 bytes of shared memory a tile): 12 warps an SM, fewer than 16",), \
+        region.alternatives
+    assert _region(monkeypatch, jnp.bfloat16).alternatives == ()

@@ -171,6 +171,7 @@ class TilePlan:
     fast_exp: bool = False
     scheme: str = "regional"
     one_warp: tuple[int, ...] = ()  # epochs the block's first warp runs alone (see _one_warp_epochs)
+    declined: str = ""  # the mapping planned first and why it lost (a warp on each tile; see plan_tile)
 
     def __post_init__(self):
         object.__setattr__(self, "_by_id", {t.value.id: t for t in self.values})
@@ -359,7 +360,10 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
     per_sm = min(target.max_threads_per_sm // m.block, target.smem_per_sm // (m.smem_bytes + SMEM_PER_BLOCK_SYSTEM))
     if m.teams == 1 or per_sm * m.teams >= MIN_TEAM_WARPS:
         return plan
-    return _plan_tile(region, target, dataclasses.replace(tuning, teams=1), fast_exp)
+    why = (f"{m.name} ({m.team_smem} bytes of shared memory a tile): {per_sm * m.teams} warps an SM, "
+           f"fewer than {MIN_TEAM_WARPS}")
+    return dataclasses.replace(_plan_tile(region, target, dataclasses.replace(tuning, teams=1), fast_exp),
+                               declined=why)
 
 
 def _plan_tile(region: Region, target: Target, tuning: Tuning, fast_exp: bool) -> TilePlan:
@@ -518,6 +522,9 @@ def _plan_tile(region: Region, target: Target, tuning: Tuning, fast_exp: bool) -
         raise Unplannable(f"a {ta}x{tb} tile needs {smem} bytes of shared memory (at most {MAX_TILE_SMEM})")
     group = lanes_per_a(block, ta, tb)
     threads, smem = block * teams, smem * teams
+    if smem > target.smem_optin:
+        raise Unplannable(f"{teams} tiles of {ta}x{tb} a block need {smem} bytes of shared memory "
+                          f"(a block may have {target.smem_optin})")
     per_sm = max(1, min(target.max_threads_per_sm // threads,
                         target.smem_per_sm // (smem + SMEM_PER_BLOCK_SYSTEM)))
     min_blocks = max(1, min(per_sm, tuning.min_threads // threads))
