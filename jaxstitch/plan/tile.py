@@ -357,7 +357,7 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
         return _plan_tile(region, target, tuning, fast_exp)
     plan = _plan_tile(region, target, dataclasses.replace(tuning, teams=TILE_TEAMS), fast_exp)
     m = plan.mapping
-    per_sm = min(target.max_threads_per_sm // m.block, target.smem_per_sm // (m.smem_bytes + SMEM_PER_BLOCK_SYSTEM))
+    per_sm = _resident_blocks(m.block, m.smem_bytes, target)
     if m.teams == 1 or per_sm * m.teams >= MIN_TEAM_WARPS:
         return plan
     why = (f"{m.name} ({m.team_smem} bytes of shared memory a tile): {per_sm * m.teams} warps an SM, "
@@ -525,8 +525,7 @@ def _plan_tile(region: Region, target: Target, tuning: Tuning, fast_exp: bool) -
     if smem > target.smem_optin:
         raise Unplannable(f"{teams} tiles of {ta}x{tb} a block need {smem} bytes of shared memory "
                           f"(a block may have {target.smem_optin})")
-    per_sm = max(1, min(target.max_threads_per_sm // threads,
-                        target.smem_per_sm // (smem + SMEM_PER_BLOCK_SYSTEM)))
+    per_sm = max(1, _resident_blocks(threads, smem, target))
     min_blocks = max(1, min(per_sm, tuning.min_threads // threads))
     grid = min(-(-n_rows // teams), target.sm_count * per_sm)  # one wave; compile_region sizes it off the cubin
     mapping = TileMapping(n_rows, ta, tb, threads, grid, smem, min_blocks, group, stage, pairs=paired,
@@ -582,19 +581,28 @@ def _read_epochs(steps: list[TileStep], tv: dict[int, TileValue], producer: dict
     reads its reductions' partials alone, not their operands."""
     read: dict[int, set[int]] = {}
     for s in steps:
-        todo = [a for op in s.ops for a in op.inputs if isinstance(a, ir.Value)] + list(s.stores)
-        seen: set[int] = set()
-        while todo:
-            vid = root(todo.pop().id)
-            if vid in seen:
-                continue
-            seen.add(vid)
+        values = [a for op in s.ops for a in op.inputs if isinstance(a, ir.Value)] + list(s.stores)
+
+        def recomputed(t: TileValue, e: int = s.epoch) -> bool:
+            return t.home == INLINE or (t.home == ARRAY and 0 <= e < t.array_epoch and t.epoch >= 0)
+        for vid in _reached(values, tv, producer, root, recomputed):
             read.setdefault(vid, set()).add(s.epoch)
-            t = tv.get(vid)
-            early = t is not None and t.home == ARRAY and 0 <= s.epoch < t.array_epoch and t.epoch >= 0
-            if t is not None and (t.home == INLINE or early) and vid in producer:
-                todo.extend(a for a in producer[vid].inputs if isinstance(a, ir.Value))
     return read
+
+
+def _reached(values, tv: dict[int, TileValue], producer: dict[int, ir.Op], root, recomputed) -> set[int]:
+    """The root ids of `values` and of the values read to compute again those `recomputed(t)`
+    accepts, through their producers."""
+    todo, seen = list(values), set()
+    while todo:
+        vid = root(todo.pop().id)
+        if vid in seen:
+            continue
+        seen.add(vid)
+        t = tv.get(vid)
+        if t is not None and recomputed(t) and vid in producer:
+            todo.extend(a for a in producer[vid].inputs if isinstance(a, ir.Value))
+    return seen
 
 
 def _one_warp_epochs(steps: list[TileStep], tv: dict[int, TileValue], producer: dict[int, ir.Op],
@@ -618,19 +626,10 @@ def _one_warp_epochs(steps: list[TileStep], tv: dict[int, TileValue], producer: 
 def _reads(steps: list[TileStep], after: int, tv: dict[int, TileValue], producer: dict[int, ir.Op],
            root) -> set[int]:
     """The values steps after epoch `after` read, through the inline values they recompute."""
-    todo = [a for s in steps if s.epoch > after for op in s.ops + s.finish
-            for a in op.inputs if isinstance(a, ir.Value)]
-    todo += [v for s in steps if s.epoch > after for v in s.stores]
-    seen: set[int] = set()
-    while todo:
-        vid = root(todo.pop().id)
-        if vid in seen:
-            continue
-        seen.add(vid)
-        t = tv.get(vid)
-        if t is not None and t.home == INLINE and vid in producer:
-            todo.extend(a for a in producer[vid].inputs if isinstance(a, ir.Value))
-    return seen
+    values = [a for s in steps if s.epoch > after for op in s.ops + s.finish
+              for a in op.inputs if isinstance(a, ir.Value)]
+    values += [v for s in steps if s.epoch > after for v in s.stores]
+    return _reached(values, tv, producer, root, lambda t: t.home == INLINE)
 
 
 def _names_its_operand(op: ir.Op) -> bool:
@@ -647,11 +646,15 @@ def one_wave(mapping: TileMapping, registers: int, target: Target) -> TileMappin
     """The grid as the blocks resident at once, from the compiled kernel's registers per thread
     (allocated per warp in units of 256), its shared memory and block size: each block walks its
     tiles with the next one's inputs in flight."""
-    per_sm = min(target.max_threads_per_sm // mapping.block,
-                 target.blocks_by_registers(mapping.block, registers) if registers else 32,
-                 target.smem_per_sm // (mapping.smem_bytes + SMEM_PER_BLOCK_SYSTEM))
+    per_sm = min(_resident_blocks(mapping.block, mapping.smem_bytes, target),
+                 target.blocks_by_registers(mapping.block, registers) if registers else 32)
     tiles = -(-mapping.n_rows // mapping.teams)
     return dataclasses.replace(mapping, grid=max(1, min(tiles, per_sm * target.sm_count)))
+
+
+def _resident_blocks(threads: int, smem: int, target: Target) -> int:
+    """Blocks of `threads` with `smem` bytes of shared memory an SM holds (registers aside)."""
+    return min(target.max_threads_per_sm // threads, target.smem_per_sm // (smem + SMEM_PER_BLOCK_SYSTEM))
 
 
 def lanes_per_a(block: int, ta: int, tb: int) -> int:
