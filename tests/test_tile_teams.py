@@ -71,11 +71,31 @@ def test_a_warps_loops_read_rows_and_columns_as_vectors(tmp_path, monkeypatch):
     code = _code(tmp_path, monkeypatch, DIEN, _dien_specs(jnp.bfloat16), "teams=4")
     assert "if (a < TA) for (int b0 = 0; b0 < TB; b0 += 4) {" in code
     assert re.search(r"js_load<js_bf16, 4>\(sm(\d+) \+ a \* TB \+ b0, js_p\1\);", code)
-    each = code[code.index("const int b0 = (tid % 9) * 4;  // the same b in every step"):]
-    head, loop = each.split("for (int a = tid < 27 ? tid / 9 : TA; a < TA; a += 3) {", 1)
+    each = code[code.index("const int b0 = (tid % 9) * 4, s = tid / 9;  // the same b in every step"):]
+    head, loop = each.split("for (int a = tid < 27 ? s : TA; a < TA; a += SLICES) {", 1)
     assert len(re.findall(r"js_load<float, 4>\(sm\d+ \+ b0, js_p\d+\);", head)) == 2
     loop = loop[:loop.index("js_store<js_bf16, 4>")]
     assert "js_p" in loop and "sm1[b]" not in loop and "sm3[b]" not in loop
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_a_warps_key_gradient_and_sums_over_a_are_one_loop(tmp_path, monkeypatch, dtype):
+    """plan/tile._each_along_a: on a warp, DIEN's key gradient (stored whole) and its two sums over the
+    50 steps walk the tile once: 3 slices of 9 threads, 4 b a thread, each folding the keys it reads
+    into its b's accumulators; a block on each tile keeps the two loops."""
+    plan = _tile_plan(dtype, "teams=4")
+    loops = [s.loop for s in plan.steps if s.epoch == 2]
+    assert tile.EACH_ALONG_A in loops and tile.ALONG_A not in loops and tile.EACH not in loops, loops
+    (merged,) = [s for s in plan.steps if s.loop == tile.EACH_ALONG_A]
+    assert len(merged.ops) == 2 and len(merged.stores) == 1 and plan.mapping.slices == 3
+    code = _code(tmp_path, monkeypatch, DIEN, _dien_specs(dtype), "teams=4")
+    loop = code[code.index("for (int a = tid < 27 ? s : TA; a < TA; a += SLICES) {"):]
+    loop = loop[:loop.index("JS_TILE_SYNC();")]
+    assert len(re.findall(r"js_load<\w+, 4>\(sm0 \+ a \* TB \+ b0, js_p0\);", loop)) == 1, loop
+    assert loop.count("js_store<") == 1 and loop.count("[s * TB + b0 + u] = acc") == 2, loop
+    assert "for (int t = tid; t < SLICES" not in code
+    block = [s.loop for s in _tile_plan(dtype, "teams=1").steps]
+    assert tile.EACH_ALONG_A not in block and tile.ALONG_A in block and tile.EACH in block
 
 
 def test_a_block_on_each_tile_reads_element_by_element(tmp_path, monkeypatch):
@@ -165,6 +185,6 @@ def test_teams_whose_shared_memory_no_block_may_have_are_declined(monkeypatch):
 def test_the_report_says_why_a_block_takes_each_float32_tile(monkeypatch):
     region = _region(monkeypatch, jnp.float32)
     assert region.alternatives == (
-        "warp per 50x36 tile, 4 a block (16960 bytes of shared memory a tile): 12 warps an SM, fewer than 16",), \
+        "warp per 50x36 tile, 4 a block (16384 bytes of shared memory a tile): 12 warps an SM, fewer than 16",), \
         region.alternatives
     assert _region(monkeypatch, jnp.bfloat16).alternatives == ()

@@ -206,10 +206,10 @@ def _each(em: _Emitter, w: Writer, step: T.TileStep):
     stores them as one vector: the index arithmetic and the store are paid once per vector."""
     reds = [(op, *_reduce(op)) for op in step.ops]
     transposed = step.stores and all(em.plan.out_kind(o).endswith(T.B + T.A) for o in step.stores)
-    width = 1 if transposed else _store_width(em, step)
+    width = 1 if transposed else _store_width(em, step.stores)
     lanes = em.length(T.B) // width  # threads a row of the tile takes, `width` b each
-    rows = em.plan.mapping.team // lanes if width > 1 and em.by_warp else 0
-    if rows and 4 * rows * lanes >= 3 * em.plan.mapping.team:  # rows of the tile at once
+    rows = T.fixed_b_rows(em.plan.mapping.team, em.length(T.B), width) if em.by_warp else 0
+    if rows:  # rows of the tile at once
         w(f"const int b0 = (tid % {lanes}) * {width};  // the same b in every step")
         _fold(em, w, reds, f"for (int a = tid < {rows * lanes} ? tid / {lanes} : TA; a < TA; a += {rows})",
               first="const int i0 = a * TB + b0;", stores=step.stores, width=width, fixed_b=True)
@@ -298,17 +298,10 @@ def _indexed(em: _Emitter, stores) -> list[tuple[int, ir.Value]]:
     return [(em.outputs.index(o), o) for o in stores]
 
 
-def _store_width(em: _Emitter, step: T.TileStep) -> int:
-    """Consecutive b a thread of an EACH loop takes (1, 2, 4 or 8): the most that divide TB and keep
-    each store's vector within 16 bytes, when every store is a whole tile in (n, a, b) order (its
-    vectors then lie inside one row of the tile, aligned as the tile is); 1 without stores."""
-    if not step.stores or any(em.plan.out_kind(o) != T.N + T.A + T.B for o in step.stores):
-        return 1
-    widest = max(o.itemsize for o in step.stores)
-    for width in (8, 4, 2):
-        if em.plan.mapping.tile_b % width == 0 and width * widest <= 16:
-            return width
-    return 1
+def _store_width(em: _Emitter, stores) -> int:
+    """plan/tile.store_width for these stores."""
+    return T.store_width(em.length(T.B), [em.plan.out_kind(o) for o in stores],
+                         max([o.itemsize for o in stores], default=0))
 
 
 def _along_b(em: _Emitter, w: Writer, step: T.TileStep):
@@ -349,6 +342,26 @@ def _along_a(em: _Emitter, w: Writer, step: T.TileStep):
         for op, ct, fn, ident in reds:
             out = op.outputs[0]
             w(f"reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})[t] = acc{out.id};")
+
+
+def _each_along_a(em: _Emitter, w: Writer, step: T.TileStep):
+    """A warp's whole-tile stores and its sums over a in one loop (plan/tile._each_along_a): thread
+    `tid` takes `width` consecutive b from b0 and, as slice s, every SLICES-th a from s, storing each
+    step's vectors and folding the same elements into its b's accumulators; partials as ALONG_A's."""
+    reds = [(op, *_reduce(op)) for op in step.ops]
+    width = _store_width(em, step.stores)
+    lanes = em.length(T.B) // width
+    busy = em.plan.mapping.slices * lanes
+    w(f"const int b0 = (tid % {lanes}) * {width}, s = tid / {lanes};  // the same b in every step")
+    _fold(em, w, reds, f"for (int a = tid < {busy} ? s : TA; a < TA; a += SLICES)",
+          first="const int i0 = a * TB + b0;", stores=step.stores, width=width, per_column=True, fixed_b=True)
+    with w.block(f"if (tid < {busy}) {{"):
+        w("#pragma unroll")
+        with w.block(f"for (int u = 0; u < {width}; ++u) {{"):
+            for op, ct, fn, ident in reds:
+                out = op.outputs[0]
+                w(f"reinterpret_cast<{ct}*>(js_dyn + {em.plan.of(out).partial_offset})[s * TB + b0 + u] = "
+                  f"acc{out.id}[u];")
 
 
 def _along_a_pairs(em: _Emitter, w: Writer, reds):
@@ -486,6 +499,8 @@ def render(plan: T.TilePlan):
                 _along_b(em, w, s)
             elif s.loop == T.ALONG_A:
                 _along_a(em, w, s)
+            elif s.loop == T.EACH_ALONG_A:
+                _each_along_a(em, w, s)
             else:
                 _map(em, w, s, T.A if s.loop == T.MAP_A else T.B, one_warp)
             body("{")

@@ -62,7 +62,10 @@ MAX_VECTORS_PER_THREAD = 4
 # ALONG_A reduces over a for each b (lanes over b, warps over a, per-warp partials); MAP_A / MAP_B
 # walk one axis (materialize values, finish ALONG_A partials, store outputs).
 # ROW_STEP is straight-line code at row scope: row scalars, in every thread (first in its epoch).
+# EACH_ALONG_A is a warp's EACH loop that only stores whole tiles and the ALONG_A loop of its epoch
+# walked as one (see _each_along_a).
 EACH, ALONG_B, ALONG_A, MAP_A, MAP_B = "each", "along_b", "along_a", "map_a", "map_b"
+EACH_ALONG_A = "each_along_a"
 ROW_STEP = "row"
 
 NOT_A_TILE = "no batch of tiles"
@@ -111,7 +114,7 @@ class TileStep:
     """One loop (or a row-level statement group) of one epoch."""
 
     epoch: int
-    loop: str                       # EACH, ALONG_B, ALONG_A, MAP_A, MAP_B or ROW_STEP
+    loop: str                       # EACH, ALONG_B, ALONG_A, EACH_ALONG_A, MAP_A, MAP_B or ROW_STEP
     ops: tuple[ir.Op, ...] = ()     # ops computed here (reductions folded, values materialized)
     finish: tuple[ir.Op, ...] = ()  # ALONG_A reductions whose partials this MAP_B combines
     stores: tuple[ir.Value, ...] = ()  # region outputs stored here
@@ -514,6 +517,9 @@ def _plan_tile(region: Region, target: Target, tuning: Tuning, fast_exp: bool) -
     for (e, loop) in sorted(steps, key=lambda k: (k[0], loop_order.index(k[1]))):
         s = steps[(e, loop)]
         ordered.append(TileStep(e, loop, tuple(s["ops"]), tuple(s["finish"]), tuple(s["stores"])))
+    if teams > 1:
+        ordered, rows = _each_along_a(ordered, block, tb, orders)
+        n_slices = rows or n_slices
     producer = {op.outputs[0].id: op for op in compute}
     sizes = {t.value.id: _pad(4 * (ta if t.domain == A else tb)) for t in tv.values() if t.home == ARRAY}
     partial_sizes = {vid: _pad(4 * (n_slices * tb if tv[vid].domain == B else nwarps)) for vid in partials}
@@ -536,6 +542,61 @@ def _plan_tile(region: Region, target: Target, tuning: Tuning, fast_exp: bool) -
                     merged_store=any(len(x) == 2 and not x.startswith("n") for v in region.outputs
                                      for x in labels[v.id]),
                     one_warp=_one_warp_epochs(ordered, tv, producer, root))
+
+
+def _each_along_a(steps: list[TileStep], team: int, tb: int, orders: dict[int, str]
+                  ) -> tuple[list[TileStep], int]:
+    """A warp's EACH loop that stores whole tiles and reduces nothing, and the ALONG_A loop of the
+    same epoch, merged into one EACH_ALONG_A loop: its threads take `fixed_b_rows` rows of the tile
+    at once, b fixed in each, and those rows are the ALONG_A slices (each thread folds the a it
+    walks into its b's accumulators). Both loops read the same tile elements and the same arrays
+    along a: DIEN's key gradient and its sums over the 50 steps (bfloat16, a warp a tile) read the
+    keys and the probabilities once, not twice. Returns the steps and the slices the merged loops
+    take (0: none merged; every merged epoch's rows must agree, as SLICES is the kernel's)."""
+    rows = 0
+    merged = []
+    for s in steps:
+        if s.loop != ALONG_A:
+            continue
+        each = [x for x in steps if x.epoch == s.epoch and x.loop == EACH and x.stores and not x.ops]
+        if not each:
+            continue
+        r = fixed_b_rows(team, tb, store_width(tb, [orders[v.id] for v in each[0].stores],
+                                               max(v.itemsize for v in each[0].stores)))
+        if r and rows in (0, r):
+            rows = r
+            merged.append((each[0], s))
+    gone = {id(x) for pair in merged for x in pair}
+    out = []
+    for s in steps:
+        pair = next((p for p in merged if p[1] is s), None)
+        if pair is not None:
+            out.append(TileStep(s.epoch, EACH_ALONG_A, s.ops, (), pair[0].stores))
+        elif id(s) not in gone:
+            out.append(s)
+    return out, rows
+
+
+def store_width(tb: int, kinds: list[str], widest: int) -> int:
+    """Consecutive b a thread of an EACH loop takes (1, 2, 4 or 8): the most that divide TB and keep
+    each store's vector (`widest`: the largest item size stored) within 16 bytes, when every store
+    (`kinds`: their axes in memory order) is a whole tile in (n, a, b) order (its vectors then lie
+    inside one row of the tile, aligned as the tile is); 1 without stores."""
+    if not kinds or any(k != N + A + B for k in kinds):
+        return 1
+    for width in (8, 4, 2):
+        if tb % width == 0 and width * widest <= 16:
+            return width
+    return 1
+
+
+def fixed_b_rows(team: int, tb: int, width: int) -> int:
+    """Rows of the tile a warp's EACH loop of `width` b a thread takes at once, b fixed in each
+    thread (its stashed inputs along b read once, before the loop), where that keeps 3/4 of the
+    threads busy; 0: the loop walks the tile flat instead."""
+    lanes = tb // width
+    rows = team // lanes if width > 1 else 0
+    return rows if rows and 4 * rows * lanes >= 3 * team else 0
 
 
 def _share_shared_memory(steps: list[TileStep], tv: dict[int, TileValue], producer: dict[int, ir.Op], root,
@@ -711,7 +772,8 @@ def estimate(plan: TilePlan, target: Target) -> Estimate:
     region = plan.region
     must_move = sum(v.nbytes for v in region.inputs) + sum(v.nbytes for v in region.outputs)
     ours = must_move / (bw * TILE_EFFICIENCY) + target.launch_us
-    passes = len({s.epoch for s in plan.steps if s.loop in (EACH, ALONG_A, ALONG_B) and (s.ops or s.stores)})
+    tiled = (EACH, ALONG_A, ALONG_B, EACH_ALONG_A)
+    passes = len({s.epoch for s in plan.steps if s.loop in tiled and (s.ops or s.stores)})
     small = any(op.prim in opdefs.REDUCTIONS for s in plan.steps if s.loop == ROW_STEP for op in s.ops)
     kernels = max(1, passes) + (1 if passes > 1 and small else 0)
     full_in = sum(v.nbytes for v in region.inputs if plan.of(v).domain == FULL)
@@ -722,6 +784,6 @@ def estimate(plan: TilePlan, target: Target) -> Estimate:
     if plan.merged_store:
         passes, kernels = 1, 1
     xla_bytes = must_move + max(0, passes - 1) * full_in
-    middle = any(s.loop == ALONG_A and s.ops for s in plan.steps)
+    middle = any(s.loop in (ALONG_A, EACH_ALONG_A) and s.ops for s in plan.steps)
     xla = xla_bytes / (bw * (XLA_MIDDLE_AXIS_EFFICIENCY if middle else XLA_EFFICIENCY)) + kernels * target.launch_us
     return Estimate(must_move, ours, kernels, xla_bytes, xla)
