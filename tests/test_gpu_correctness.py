@@ -422,14 +422,16 @@ LONG_ROWS = [  # (workload, dtype, shape, what the mapping must say)
     ("xent_fwdbwd", "bfloat16", (3, 120000), r"rows split over \d+ blocks"),
     # a 48 KiB stash next to static shared memory: the launcher must opt in above 48 KiB in all
     ("softmax_fwdbwd", "float32", (5, 40000), r"rows split over \d+ blocks"),
-    # a task per SM, one round: part of each slice stashed, the rest read through L2 in each pass
-    ("softmax_fwdbwd", "float32", (32, 262144), r"rows split over 4 blocks, 8 chunks, shared stash of 3"),
+    # a task per SM, one round (forced: 4 slices): part of each slice stashed, the rest read through L2
+    ("softmax_fwdbwd", "float32", (31, 262144), r"rows split over 4 blocks, 8 chunks, shared stash of 3"),
+    # twice the slices in two rounds of a block an SM, 3 of 4 chunks stashed (mapping._stash_in_rounds)
+    ("softmax_fwdbwd", "float32", (32, 262144), r"rows split over 8 blocks, 4 chunks, shared stash of 3"),
     # half precision: two tasks per SM with the same share stashed (mapping._two_per_sm_same_share)
     ("softmax_fwdbwd", "bfloat16", (33, 262144), r"rows split over 8 blocks, 4 chunks, shared stash of 3"),
     # more (row, slice) tasks than resident blocks (forced: 32 slices): rounds of whole rows
     ("softmax_fwdbwd", "bfloat16", (33, 262145), r"rows split over 32 blocks"),
 ]
-SPLITS_TUNE = {(33, 262145): "splits=32"}  # (elsewhere the planner chooses)
+SPLITS_TUNE = {(33, 262145): "splits=32", (31, 262144): "splits=4"}  # (elsewhere the planner chooses)
 
 
 @pytest.mark.parametrize("name,dtype,shape,mapping", LONG_ROWS,

@@ -1419,17 +1419,36 @@ def test_vector_width_counts_broadcast_outputs():
     assert plans and all(p.mapping.vec * 4 <= 16 for p in plans), [p.mapping for p in plans]
 
 
-@pytest.mark.parametrize("rows,dtype,splits", [(32, jnp.bfloat16, 8), (64, jnp.bfloat16, 4), (16, jnp.bfloat16, 8),
-                                               (32, jnp.float32, 4), (64, jnp.float32, 2)])
-def test_half_precision_long_rows_take_two_blocks_an_sm(rows, dtype, splits):
-    """softmax fwd+bwd over rows of 262144: where one (row, slice) task an SM leaves part of each
-    slice out of its stash, bfloat16 rows take twice the slices, two blocks an SM with the same share
-    stashed (32 rows: 8, not 4; 64 rows: 4, not 2); not where one an SM stashes whole (16 rows: 8),
-    and not for float32 rows (mapping._two_per_sm_same_share)."""
+@pytest.mark.parametrize("rows,dtype,splits", [(32, jnp.bfloat16, 8), (64, jnp.bfloat16, 8), (16, jnp.bfloat16, 8),
+                                               (32, jnp.float32, 8), (64, jnp.float32, 8)])
+def test_long_rows_split_for_the_share_their_stash_holds(rows, dtype, splits):
+    """softmax fwd+bwd over rows of 262144, where one (row, slice) task an SM leaves part of each
+    slice out of its stash: bfloat16 rows take twice the slices, two blocks an SM with the same share
+    stashed (32 rows: 8, not 4; mapping._two_per_sm_same_share); not where one an SM stashes whole
+    (16 rows: 8). Then, while less than half of each slice is stashed, twice the slices in twice the
+    rounds (mapping._stash_in_rounds): float32 32 rows 4 -> 8 (3/8 -> 3/4 stashed), 64 rows
+    2 -> 4 -> 8; bfloat16 64 rows 4 -> 8."""
     with force_stitching():
         report = explain(softmax_fwdbwd, *(S((rows, 262144), dtype),) * 2, target="h200")
     [r] = [r for r in report.regions if r.stitched]
-    assert f"rows split over {splits} blocks" in r.mapping, str(report)
+    assert f"rows split over {splits} blocks, 4 chunks, shared stash" in r.mapping, str(report)
+
+
+def test_a_long_rows_stash_sized_for_rounds_of_the_same_blocks():
+    """mapping._stash_in_rounds: float32 32 x 262144 (two inputs): 4 slices in one round stash 3 of 8
+    chunks; 8 slices, two rounds of one block an SM, stash 3 of 4 (16 would stash whole, but not
+    twice the share: not taken). bfloat16 32 rows, 3 of 4 stashed in one round already, unchanged."""
+    from jaxstitch.plan import mapping as M
+    target = jaxstitch.get_target("h100")
+    c, vec, budget = 262144, 4, 16
+    assert M._stashed_share(32, c, vec, budget, 4, (4, 4), target, 512) == (3 / 8, 1)
+    assert M._stash_in_rounds(32, c, vec, budget, 4, (4, 4), target, 512) == (8, 1)
+    assert M._stash_in_rounds(64, c, vec, budget, 2, (4, 4), target, 512) == (8, 1)
+    assert M._stash_in_rounds(32, c, 8, budget, 8, (2, 2), target, 512) == (8, 0)
+    with force_stitching():
+        program = _program(softmax_fwdbwd, [S((32, c), jnp.float32)] * 2, target="h100")
+    m = program.regions[0].plan.kernel.mapping
+    assert (m.splits, m.stash_chunks, m.chunks, m.grid) == (8, 3, 4, target.sm_count)  # 256 tasks, 2 rounds
 
 
 def test_repeated_layers_share_a_structure_and_its_answer(monkeypatch):
