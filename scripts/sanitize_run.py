@@ -33,7 +33,10 @@ from test_tile_transpose import CASES as TRANSPOSE_CASES  # noqa: E402
 from recurrent import CASES as RECURRENT_CASES  # noqa: E402
 
 UNFORCED = ("adamw_bert",)
-EXTRA = [("softmax_fwdbwd", (5, 40000)), ("xent_fwdbwd", (64, 32000)), ("layernorm_fwdbwd", (37, 1021))]
+# (32 x 262144: float32 rows split in two rounds of tasks, mapping._stash_in_rounds; 6000 DIEN tiles:
+# several a warp, plan/tile.TILE_TEAMS)
+EXTRA = [("softmax_fwdbwd", (5, 40000)), ("xent_fwdbwd", (64, 32000)), ("layernorm_fwdbwd", (37, 1021)),
+         ("softmax_fwdbwd", (32, 262144)), ("dien_attention_fwdbwd", (6000, 50, 36))]
 
 
 def _test_case(fun, specs):
