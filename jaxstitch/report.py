@@ -115,7 +115,7 @@ def make_report(program: Program, cache: Stats | None = None, symbolic: bool = F
         regions.append(RegionReport(
             index=plan.region.id, ops=tuple(op.prim for op in plan.region.ops), stitched=c.stitched,
             kernels=1 if c.stitched else (est.xla_kernels if est else 1),
-            scheme=k.scheme if k else None, mapping=k.description if k else None,
+            scheme=k.scheme if k else None, mapping=_described(k),
             rows=m.n_rows if m else None, cols=m.n_cols if m else None,
             grid=m.grid if m else None, block=m.block if m else None,
             est_bytes=est.bytes if est else None, est_us=est.us if est else None,
@@ -137,11 +137,31 @@ def make_report(program: Program, cache: Stats | None = None, symbolic: bool = F
                   tuple(sorted(rewritten.items())))
 
 
+def _described(kernel) -> str | None:
+    """The kernel's description, and the rounds of tasks its planned grid walks where rows are split
+    in more than one (not in the kernel's source, which serves every row count)."""
+    if kernel is None:
+        return None
+    m = kernel.mapping
+    rounds = getattr(m, "rounds", 1)
+    return kernel.description + (f", tasks in {rounds} rounds" if rounds > 1 else "")
+
+
 def _passed_over(kernel) -> tuple[str, ...]:
-    """A pairing of the row's halves the planner found but could not map (plan/pairs.py), or a warp
-    on each tile it planned but did not take (plan/tile.py), and why."""
+    """A pairing of the row's halves the planner found but could not map (plan/pairs.py), a warp on
+    each tile it planned but did not take (plan/tile.py), or a split in one round of tasks it gave
+    up for more rounds with more of each slice stashed (plan/mapping._stash_in_rounds), and why."""
     why = getattr(kernel, "unpaired", None) or getattr(kernel, "declined", None)
-    return (why,) if why else ()
+    if why:
+        return (why,)
+    one_round = getattr(getattr(kernel, "mapping", None), "one_round", ())
+    if one_round:
+        k, held, chunks = one_round
+        m = kernel.mapping
+        return (f"rows split over {k} blocks in one round, {held} of {chunks} chunks stashed: less than "
+                f"half of each slice, where {m.splits} slices in {m.rounds} rounds stash "
+                f"{m.stashed_chunks} of {m.chunks}",)
+    return ()
 
 
 def _programs(program: Program):

@@ -1442,13 +1442,20 @@ def test_a_long_rows_stash_sized_for_rounds_of_the_same_blocks():
     target = jaxstitch.get_target("h100")
     c, vec, budget = 262144, 4, 16
     assert M._stashed_share(32, c, vec, budget, 4, (4, 4), target, 512) == (3 / 8, 1)
-    assert M._stash_in_rounds(32, c, vec, budget, 4, (4, 4), target, 512) == (8, 1)
-    assert M._stash_in_rounds(64, c, vec, budget, 2, (4, 4), target, 512) == (8, 1)
-    assert M._stash_in_rounds(32, c, 8, budget, 8, (2, 2), target, 512) == (8, 0)
+    assert M._stash_in_rounds(32, c, vec, budget, 4, (4, 4), target, 512) == (8, 1, (4, 3, 8))
+    assert M._stash_in_rounds(64, c, vec, budget, 2, (4, 4), target, 512)[:2] == (8, 1)
+    assert M._stash_in_rounds(32, c, 8, budget, 8, (2, 2), target, 512) == (8, 0, ())
     with force_stitching():
         program = _program(softmax_fwdbwd, [S((32, c), jnp.float32)] * 2, target="h100")
     m = program.regions[0].plan.kernel.mapping
     assert (m.splits, m.stash_chunks, m.chunks, m.grid) == (8, 3, 4, target.sm_count)  # 256 tasks, 2 rounds
+    assert m.rounds == 2 and m.one_round == (4, 3, 8)
+    with force_stitching():
+        [r] = [r for r in explain(softmax_fwdbwd, *[S((32, c), jnp.float32)] * 2, target="h100").regions
+               if r.stitched]
+    assert r.mapping.endswith(", tasks in 2 rounds"), r.mapping
+    assert r.alternatives == ("rows split over 4 blocks in one round, 3 of 8 chunks stashed: less than half "
+                              "of each slice, where 8 slices in 2 rounds stash 3 of 4",), r.alternatives
 
 
 def test_repeated_layers_share_a_structure_and_its_answer(monkeypatch):

@@ -222,6 +222,15 @@ class Mapping:
     # which L2 still holds (in one order every pass, a row larger than L2 starts each pass with the
     # chunk evicted longest ago, and its re-reads miss L2 one after another).
     serpentine: bool = False
+    # (slices, stashed chunks, chunks) of the one-round split passed over for more rounds with a
+    # bigger stash share (_stash_in_rounds; the report says why), else ()
+    one_round: tuple[int, ...] = ()
+
+    @property
+    def rounds(self) -> int:
+        """Rounds of (row, slice) tasks the planned grid walks (1 unless rows are split)."""
+        step = self.grid // self.splits * self.splits
+        return -(-self.n_rows * self.splits // step) if self.splits > 1 and step else 1
 
     @property
     def grid_cap(self) -> int:
@@ -444,8 +453,9 @@ def _stashed_share(n: int, c: int, vec: int, budget: int, k: int, itemsizes, tar
 
 
 def _stash_in_rounds(n: int, c: int, vec: int, budget: int, current: int, itemsizes, target: Target,
-                     max_tpr: int) -> tuple[int, int]:
-    """(slices, blocks an SM their stash is sized for; 0: one round's): where one round of (row,
+                     max_tpr: int) -> tuple[int, int, tuple[int, ...]]:
+    """(slices, blocks an SM their stash is sized for (0: one round's), the one-round split passed
+    over as Mapping.one_round (or ())): where one round of (row,
     slice) tasks stashes less than half of each slice, twice the slices, walked in twice the rounds
     by the same blocks, as long as the share stashed doubles too. A block then copies its next
     task's stash while it writes this task's outputs, and fewer bytes are read again through L2.
@@ -462,7 +472,10 @@ def _stash_in_rounds(n: int, c: int, vec: int, budget: int, current: int, itemsi
         if want * tpr > target.max_threads_per_sm or more < 2 * share:
             break
         k, share = 2 * k, more
-    return k, (want if k != current else 0)
+    if k == current:
+        return k, 0, ()
+    _, chunks, stage = _slice_stage(c, current, vec, budget, itemsizes, max_tpr)
+    return k, want, (current, _split_stash(stage // chunks, chunks, want, target), chunks)
 
 
 def _two_per_sm_same_share(n: int, c: int, vec: int, budget: int, current: int, itemsizes,
@@ -527,7 +540,7 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     if pair:
         vec, tpr, vpt = _paired_shape(c, vec, tpr, vpt, chunks, pair, tuning.elems or PAIRED_MAX_ELEMS)
     col_partials = grid_reduced and any(p.declared == COL and p.level < 0 for p in layout.values)
-    splits, slice_cols, stash_per_sm = 1, c, 0
+    splits, slice_cols, stash_per_sm, one_round = 1, c, 0, ()
     # Few long rows: each split over several blocks (JAXSTITCH_TUNE splits=1 never splits).
     if chunks > 1 and splittable and not col_partials and tuning.splits != 1 and not pair:
         # (a forced K is kept to the SMs: a round of tasks must hold a whole row)
@@ -540,8 +553,8 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
                 splits = _two_per_sm_whole(n, c, vec, budget, splits, stash_itemsizes, target, tuning.max_tpr)
                 splits = _two_per_sm_same_share(n, c, vec, budget, splits, stash_itemsizes, target,
                                                 tuning.max_tpr)
-                splits, stash_per_sm = _stash_in_rounds(n, c, vec, budget, splits, stash_itemsizes, target,
-                                                        tuning.max_tpr)
+                splits, stash_per_sm, one_round = _stash_in_rounds(n, c, vec, budget, splits, stash_itemsizes,
+                                                                   target, tuning.max_tpr)
         if splits > 1:
             slice_cols = math.ceil(c / splits / vec) * vec  # slices start on a vector
             splits = math.ceil(c / slice_cols)
@@ -599,7 +612,7 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     min_blocks = min(per_sm, 2 if block >= 512 else max(1, tuning.min_threads // block))
     return Mapping(n, c, vec, tpr, vpt, rows_per_block, block, grid, grid_reduced or splits > 1, chunks,
                    stash, smem, stages, min_blocks, splits, slice_cols, stash_chunks,
-                   max_grid=target.sm_count * per_sm, pair=pair)
+                   max_grid=target.sm_count * per_sm, pair=pair, one_round=one_round)
 
 
 def _paired_shape(c: int, vec: int, tpr: int, vpt: int, chunks: int, h: int,
