@@ -554,7 +554,7 @@ def _each_along_a(steps: list[TileStep], team: int, tb: int, orders: dict[int, s
     keys and the probabilities once, not twice. Returns the steps and the slices the merged loops
     take (0: none merged; every merged epoch's rows must agree, as SLICES is the kernel's)."""
     rows = 0
-    merged = []
+    merged: dict[int, TileStep] = {}  # epoch -> its merged loop
     for s in steps:
         if s.loop != ALONG_A:
             continue
@@ -565,15 +565,9 @@ def _each_along_a(steps: list[TileStep], team: int, tb: int, orders: dict[int, s
                                                max(v.itemsize for v in each[0].stores)))
         if r and rows in (0, r):
             rows = r
-            merged.append((each[0], s))
-    gone = {id(x) for pair in merged for x in pair}
-    out = []
-    for s in steps:
-        pair = next((p for p in merged if p[1] is s), None)
-        if pair is not None:
-            out.append(TileStep(s.epoch, EACH_ALONG_A, s.ops, (), pair[0].stores))
-        elif id(s) not in gone:
-            out.append(s)
+            merged[s.epoch] = TileStep(s.epoch, EACH_ALONG_A, s.ops, (), each[0].stores)
+    out = [merged[s.epoch] if s.loop == ALONG_A and s.epoch in merged else s
+           for s in steps if not (s.loop == EACH and s.epoch in merged)]
     return out, rows
 
 
