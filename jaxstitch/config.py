@@ -14,6 +14,9 @@ class Config:
     cache_dir: str          # JAXSTITCH_CACHE_DIR: compiled cubins (default: the user cache directory)
     poison: bool            # JAXSTITCH_POISON=1: fill kernel outputs with NaN bytes before each launch
     tuning: Tuning          # JAXSTITCH_TUNE="max_tpr=128,elems=16,...": mapping overrides (experiments)
+    # JAXSTITCH_STRICT=1: an internal error in planning, code generation or NVRTC raises instead of
+    # leaving its region to XLA with a warning (the test suite runs with it on)
+    strict: bool = False
 
 
 def _flag(value: str | None) -> bool:
@@ -29,6 +32,7 @@ def load() -> Config:
         cache_dir=env.get("JAXSTITCH_CACHE_DIR") or default_cache,
         poison=_flag(env.get("JAXSTITCH_POISON")),
         tuning=_tuning(env.get("JAXSTITCH_TUNE", "")),
+        strict=_flag(env.get("JAXSTITCH_STRICT")),
     )
 
 

@@ -63,22 +63,34 @@ def _dim(d):
 
 
 def _hashable_params(params: dict) -> tuple[tuple[str, Any], ...]:
-    """The params planning may read, in a hashable canonical form; jaxprs and callables are dropped."""
+    """The params planning may read, in a hashable canonical form (NumPy scalars as Python ones:
+    `jnp.roll` gives its concatenate a NumPy integer `dimension`); jaxprs and callables are dropped."""
     out = []
     for key in sorted(params):
-        val = params[key]
-        if isinstance(val, (bool, int, float, str)) or val is None:
+        val = _canonical(params[key])
+        if val is not _DROPPED:
             out.append((key, val))
-        elif isinstance(val, (tuple, list)) and all(isinstance(v, (int, np.integer)) for v in val):
-            out.append((key, tuple(int(v) for v in val)))
-        elif isinstance(val, (tuple, list)) and all(
-                isinstance(t, (tuple, list)) and all(isinstance(v, (int, np.integer)) for v in t) for t in val):
-            out.append((key, tuple(tuple(int(v) for v in t) for t in val)))  # pad's padding_config
-        elif isinstance(val, np.dtype) or (isinstance(val, type) and issubclass(val, np.generic)):
-            out.append((key, _dtype_name(val)))
-        elif hasattr(val, "dtype") and hasattr(val, "itemsize") and not hasattr(val, "shape"):
-            out.append((key, _dtype_name(val)))
     return tuple(out)
+
+
+_DROPPED = object()
+
+
+def _canonical(val):
+    """`val` as planning reads it: Python scalars, dtype names, tuples of those; _DROPPED otherwise."""
+    if isinstance(val, np.generic) and not isinstance(val, np.void):
+        val = val.item()
+    if isinstance(val, (bool, int, float, str)) or val is None:
+        return val
+    if isinstance(val, np.dtype) or (isinstance(val, type) and issubclass(val, np.generic)):
+        return _dtype_name(val)
+    if hasattr(val, "dtype") and hasattr(val, "itemsize") and not hasattr(val, "shape"):
+        return _dtype_name(val)
+    if isinstance(val, (tuple, list)):
+        items = tuple(_canonical(v) for v in val)
+        if all(isinstance(v, int) for v in items) or all(isinstance(v, tuple) for v in items):
+            return items  # (axes, sizes; tuples of them: pad's padding_config)
+    return _DROPPED
 
 
 def _inner_jaxpr(eqn):
