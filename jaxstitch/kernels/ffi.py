@@ -43,14 +43,14 @@ def _find_library() -> str | None:
 def _register() -> tuple[bool, str | None]:
     path = _find_library()
     if path is None:
-        return False, ("jaxstitch launcher extension (_launcher*.so) is not built; "
-                       "install with `pip install --no-build-isolation -e .`")
+        return False, ("the extension jaxstitch/kernels/_launcher*.so is not built: building it at install "
+                       "time needs a C++17 compiler and jaxlib's headers (setup.py)")
     try:
         lib = ctypes.cdll.LoadLibrary(path)
         handlers = {TARGET: lib.JaxstitchLaunchExecute, TARGET_PLAIN: lib.JaxstitchLaunchExecutePlain}
         initialize = jax.ffi.pycapsule(lib.JaxstitchLaunchInitialize)
     except (OSError, AttributeError) as e:
-        return False, f"loading {path} failed: {e}"
+        return False, f"loading {path} failed (built for another jaxlib or system?): {e}"
     notes = []
     for target, symbol in handlers.items():
         ok, note = _register_target(target, jax.ffi.pycapsule(symbol), initialize)

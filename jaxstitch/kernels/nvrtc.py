@@ -14,13 +14,28 @@ class CompileError(RuntimeError):
     """NVRTC rejected a kernel (the message holds its log), or NVRTC is not installed."""
 
 
+# What installs NVRTC: the extra of jax's CUDA line (pyproject.toml; kernels/availability.py says
+# which one fits this machine).
+INSTALL_HINT = ("pip install 'jaxstitch[cuda13]' or 'jaxstitch[cuda12]' (the CUDA line of your jaxlib), "
+                "or on a CPU-only machine 'jaxstitch[cuda]'")
+
+
 @functools.lru_cache(maxsize=1)
 def _nvrtc():
+    """cuda.bindings' NVRTC module, with its library loaded: the import alone succeeds without
+    libnvrtc (cuda.bindings looks for it, in the NVIDIA wheels first, at the first call)."""
     try:
         from cuda.bindings import nvrtc
-    except ImportError as e:  # pragma: no cover - depends on the machine
-        raise CompileError("NVRTC is not available: pip install 'jaxstitch[cuda]' "
-                           "(cuda-bindings and nvidia-cuda-nvrtc)") from e
+    except ImportError as e:
+        raise CompileError(f"NVRTC is not available: cuda.bindings is not installed ({e}); "
+                           f"{INSTALL_HINT}") from e
+    try:
+        err, _, _ = nvrtc.nvrtcVersion()
+    except (RuntimeError, OSError) as e:  # the library was not found or did not load
+        raise CompileError(f"NVRTC is not available: cuda.bindings found no libnvrtc ({e}); "
+                           f"{INSTALL_HINT}") from e
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(f"NVRTC is not available: nvrtcVersion returned {err}; {INSTALL_HINT}")
     return nvrtc
 
 
@@ -33,11 +48,16 @@ def version() -> str:
 
 
 def available() -> bool:
+    return unavailable_reason() is None
+
+
+def unavailable_reason() -> str | None:
+    """Why NVRTC cannot compile here (with the command that installs it), or None when it can."""
     try:
         _nvrtc()
-        return True
-    except CompileError:
-        return False
+        return None
+    except CompileError as e:
+        return str(e)
 
 
 @dataclasses.dataclass(frozen=True)
