@@ -130,9 +130,8 @@ def _cpu_jaxlib_message() -> str:
 
 
 def _launcher_message(why: str | None) -> str:
-    return (f"the kernel launcher is unavailable ({why}), so jaxstitch.jit runs as jax.jit; it is built "
-            f"when jaxstitch is installed, with a C++17 compiler (e.g. g++) and the jaxlib in use: "
-            f"{_reinstall_command()}")
+    return (f"the kernel launcher is unavailable ({why}), so jaxstitch.jit runs as jax.jit; rebuild it "
+            f"with a C++17 compiler (e.g. g++) and the jaxlib in use: {_reinstall_command()}")
 
 
 def _nvrtc_message(why: str) -> str:

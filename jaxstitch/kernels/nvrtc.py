@@ -32,7 +32,7 @@ def _nvrtc():
     try:
         err, _, _ = nvrtc.nvrtcVersion()
     except (RuntimeError, OSError) as e:  # the library was not found or did not load
-        raise CompileError(f"NVRTC is not available: cuda.bindings found no libnvrtc ({e}); "
+        raise CompileError(f"NVRTC is not available: cuda.bindings found no libnvrtc ({str(e).strip()}); "
                            f"{INSTALL_HINT}") from e
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
         raise CompileError(f"NVRTC is not available: nvrtcVersion returned {err}; {INSTALL_HINT}")
