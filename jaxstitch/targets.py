@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,16 +40,29 @@ TARGETS = {
 }
 
 
+# A name is a key of TARGETS, or an alias of one: any case, an optional "nvidia" prefix, and after the
+# name only a separated suffix, as in the device kinds jax reports ("NVIDIA H100 80GB HBM3", "NVIDIA
+# A100-SXM4-80GB"). So "h1000" or "a100x" are unknown, not an h100 or an a100.
+_ALIAS = re.compile(r"(?:nvidia[\s_-]*)?(?P<name>[a-z]\d+)(?:[\s_-].*)?", re.DOTALL)
+
+
+def lookup(name: str) -> Target | None:
+    """The target `name` or an alias of it names (see _ALIAS), else None."""
+    m = _ALIAS.fullmatch(name.strip().lower())
+    return TARGETS.get(m.group("name")) if m else None
+
+
 def get_target(name: str | Target) -> Target:
+    """The target for `name`: "h100", "h200", "a100", or an alias (_ALIAS), or a Target itself."""
     if isinstance(name, Target):
         return name
     if not isinstance(name, str):
         raise TypeError(f"target must be a GPU name like 'h100' or a Target, got {type(name).__name__}")
-    key = name.lower().replace("nvidia", "").replace(" ", "").replace("-", "")
-    for known, tgt in TARGETS.items():
-        if key.startswith(known):
-            return tgt
-    raise ValueError(f"target={name!r} is not a known GPU; known: {', '.join(sorted(TARGETS))}")
+    tgt = lookup(name)
+    if tgt is None:
+        raise ValueError(f"target={name!r} is not a known GPU; known: {', '.join(sorted(TARGETS))} (any case, "
+                         "optionally prefixed 'nvidia', or a device kind such as 'NVIDIA H100 80GB HBM3')")
+    return tgt
 
 
 def detect() -> Target | None:
@@ -62,7 +76,9 @@ def detect() -> Target | None:
     if not devices or devices[0].platform not in ("gpu", "cuda"):
         return None
     kind = devices[0].device_kind or ""
-    for known, tgt in TARGETS.items():
+    if (tgt := lookup(kind)) is not None:
+        return tgt
+    for known, tgt in TARGETS.items():  # a variant's kind ("NVIDIA GH200 480GB": an h200's memory)
         if known in kind.lower():
             return tgt
     cc = getattr(devices[0], "compute_capability", "9.0")
