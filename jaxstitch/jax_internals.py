@@ -5,6 +5,8 @@
   in `dispatch.prim_requires_devices_during_lowering` (as jax's own cuDNN attention does).
 - A custom call with a raw backend config string (XLA's own kernel call, kernels/xla_kernel.py):
   `jax.ffi` builds only calls to FFI handlers, whose backend config is a dictionary.
+- Hiding our frames from the tracebacks JAX filters (`traceback_util.register_exclusion`), as JAX
+  hides its own: an error in the user's function then shows the user's frames only.
 """
 from __future__ import annotations
 
@@ -21,3 +23,13 @@ def custom_call(target: str, *, result_types, operands, backend_config: str, ope
 
     return mlir.custom_call(target, result_types=result_types, operands=operands, backend_config=backend_config,
                             operand_layouts=operand_layouts, result_layouts=result_layouts)
+
+
+def hide_frames(path: str | None = None) -> None:
+    """Exclude the files under `path` (the jaxstitch package by default) from the tracebacks JAX
+    filters (JAX_TRACEBACK_FILTERING) and from the user frames JAX records as equations' sources."""
+    import os
+
+    from jax._src import traceback_util
+
+    traceback_util.register_exclusion(path or os.path.dirname(os.path.abspath(__file__)))
