@@ -10,6 +10,8 @@ equation that `rebuild` binds again unchanged.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import itertools
 from typing import Any, Callable, Sequence
 
@@ -209,21 +211,53 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
     concatenation only products read counted as one XLA copies (merged_products.py)."""
     out_tree_box = []
     static = static or {}
-    n_leaves = len(flat_args) + len(static)
-
-    def flat_fun(*dyn):
-        it = iter(dyn)
-        leaves = [static[i] if i in static else next(it) for i in range(n_leaves)]
-        args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
-        out = fun(*args, **kwargs)
-        leaves, tree = jax.tree_util.tree_flatten(out)
-        out_tree_box.append(tree)
-        return leaves
-
-    closed = jax.make_jaxpr(flat_fun)(*flat_args)
+    args, kwargs = _with_static_hidden(flat_args, in_tree, static)
+    closed = jax.make_jaxpr(_as_traced(fun, in_tree, static, out_tree_box))(*args, **kwargs)
     graph, eqns, consts, rewritten = _flatten(closed, scatters, wide_scatters, merge_products,
                                               batched_folds, product_concats)
     return Traced(graph, eqns, consts, out_tree_box[0], rewritten)
+
+
+class _Static:
+    """A static leaf, as a pytree node without leaves: `jax.make_jaxpr` then traces the user's own
+    argument structure (naming arguments as jax.jit does) with the static leaves baked in."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+jax.tree_util.register_pytree_node(_Static, lambda s: ((), s), lambda s, _: s)  # (compared by identity)
+
+
+def _with_static_hidden(flat_args: Sequence[Any], in_tree, static: dict):
+    """(args, kwargs) of the call, with the dynamic leaves `flat_args` and the static ones hidden."""
+    it = iter(flat_args)
+    leaves = [_Static(static[i]) if i in static else next(it) for i in range(len(flat_args) + len(static))]
+    return jax.tree_util.tree_unflatten(in_tree, leaves)
+
+
+def _as_traced(fun: Callable, in_tree, static: dict, out_tree_box: list) -> Callable:
+    """`fun` over (args, kwargs) from `_with_static_hidden`, named after `fun` so that jax's errors
+    name the user's function (its file and line) and arguments (`x`, `args[0]['w']`), as jax.jit's."""
+    def traced(*args, **kwargs):
+        it = iter(jax.tree_util.tree_leaves((args, kwargs)))
+        leaves = [static[i] if i in static else next(it) for i in range(in_tree.num_leaves)]
+        args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
+        out = fun(*args, **kwargs)
+        out_tree_box.append(jax.tree_util.tree_structure(out))
+        return out
+
+    functools.update_wrapper(traced, fun, updated=())  # (jax reads the signature through __wrapped__)
+    inner = fun
+    while isinstance(inner, functools.partial):  # (named after the function, as jax.jit names a partial)
+        inner = inner.func
+    if inner is not fun:
+        try:
+            traced.__signature__ = inspect.signature(fun)
+        except (TypeError, ValueError):
+            pass
+        traced.__wrapped__ = inner
+    return traced
 
 
 def at_sizes(traced: Traced, size: Callable[[Any], int]) -> Traced:
