@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
+import operator
 import time
 from typing import Any, Callable
 
@@ -48,30 +50,33 @@ def _is_dynamic(x) -> bool:
         or (hasattr(x, "shape") and hasattr(x, "dtype"))
 
 
-def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=None, donate_argnums=None,
-        in_shardings=None, out_shardings=None, compiler_options=None, target=None):
+def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, static_argnums=None,
+        static_argnames=None, donate_argnums=None, donate_argnames=None, keep_unused: bool = False,
+        device=None, backend=None, inline=False, compiler_options=None, target=None):
     """Like `jax.jit`, with the memory-bound regions of `fun` stitched into our own CUDA kernels.
 
-    On a machine without a CUDA GPU (and no `target`), this is exactly `jax.jit(fun)`.
-    `target` ("h100", "h200", ...) plans for that GPU even elsewhere: handy to exercise the whole
-    pipeline on a CPU, where the stitched regions then run through XLA. `in_shardings` and
-    `out_shardings` are `jax.jit`'s: over several devices, each runs kernels planned for its shards
-    (spmd/). `compiler_options` are `jax.jit`'s (XLA debug options for this program), e.g.
-    `{"xla_gpu_enable_command_buffer": ""}` to launch its kernels without CUDA graphs.
+    On a machine without a CUDA GPU (and no `target`), this is exactly `jax.jit(fun, ...)`.
+    `target` ("h100", "h200", "a100", or an alias: see `targets.get_target`) plans for that GPU even
+    elsewhere: handy to exercise the whole pipeline on a CPU, where the stitched regions then run
+    through XLA. Every other parameter is `jax.jit`'s, with its meaning and value forms, and reaches
+    the `jax.jit` of the stitched program: `static_argnums`/`static_argnames` and
+    `donate_argnums`/`donate_argnames` (names and positions resolved through `fun`'s signature, so
+    an argument passed by keyword is static or donated too; a donated buffer a kernel reads may be
+    written over in place), `keep_unused`, `device`, `backend`, `inline`, `in_shardings` and
+    `out_shardings` (over several devices, each runs kernels planned for its shards: spmd/), and
+    `compiler_options` (XLA debug options for this program, e.g.
+    `{"xla_gpu_enable_command_buffer": ""}` to launch its kernels without CUDA graphs).
     """
+    options = dict(in_shardings=in_shardings, out_shardings=out_shardings, static_argnums=static_argnums,
+                   static_argnames=static_argnames, donate_argnums=donate_argnums,
+                   donate_argnames=donate_argnames, keep_unused=keep_unused, device=device, backend=backend,
+                   inline=inline, compiler_options=compiler_options)
     if fun is None:
-        return functools.partial(jit, static_argnums=static_argnums, static_argnames=static_argnames,
-                                 donate_argnums=donate_argnums, in_shardings=in_shardings,
-                                 out_shardings=out_shardings, compiler_options=compiler_options,
-                                 target=target)
+        return functools.partial(jit, **options, target=target)
     _check_fun(fun, "jaxstitch.jit")
     tgt = _resolve_target(target, "jaxstitch.jit")
-    jit_kwargs = dict(static_argnums=static_argnums, static_argnames=static_argnames,
-                      donate_argnums=donate_argnums)
-    for name, val in (("in_shardings", in_shardings), ("out_shardings", out_shardings),
-                      ("compiler_options", compiler_options)):
-        if val is not None:  # (jax.jit's own default is a sentinel, so only pass what was given)
-            jit_kwargs[name] = val
+    donate = _argnums_and_names(fun, donate_argnums, donate_argnames, "donate", "jaxstitch.jit")
+    jit_kwargs = {k: v for k, v in options.items() if v is not None or k not in _UNSET_IF_NONE}
     cfg = config.load()
     if cfg.disabled:
         return jax.jit(fun, **jit_kwargs)
@@ -84,21 +89,71 @@ def jit(fun: Callable | None = None, *, static_argnums=None, static_argnames=Non
     def stitched(*args, **kwargs):
         dyn, static, tree = _split_dynamic(args, kwargs)
         program = families.build_any(fun, dyn, tree, tgt, cfg, static)
-        donated = _donated_positions(args, kwargs, donate_argnums)
+        donated = _donated_positions(args, kwargs, *donate)
         outs = make_runner(program, Context(tgt, cfg), donated)(*dyn)
         return jax.tree_util.tree_unflatten(program.traced.out_tree, outs)
 
     return jax.jit(stitched, **jit_kwargs)
 
 
-def _donated_positions(args, kwargs, donate_argnums) -> frozenset[int]:
-    """Positions, among the dynamic flat arguments (_split_dynamic), of the donated arguments' leaves."""
-    if donate_argnums is None:
+# jax.jit's parameters whose default is a sentinel, or whose None it warns about: passed only if given.
+_UNSET_IF_NONE = frozenset({"in_shardings", "out_shardings", "device", "backend", "compiler_options"})
+
+
+def _index_tuple(val, name: str, who: str) -> tuple[int, ...]:
+    """`val` (an int or a sequence of ints, as jax.jit takes) as a tuple of ints."""
+    try:
+        return (operator.index(val),)
+    except TypeError:
+        pass
+    try:
+        return tuple(operator.index(v) for v in val)
+    except TypeError:
+        raise TypeError(f"{who}: argument `{name}` must be an int or a sequence of ints, got {val!r}") from None
+
+
+def _str_tuple(val, name: str, who: str) -> tuple[str, ...]:
+    """`val` (a str or an iterable of str, as jax.jit takes) as a tuple of str."""
+    items = (val,) if isinstance(val, str) else tuple(val) if hasattr(val, "__iter__") else None
+    if items is None or not all(isinstance(v, str) for v in items):
+        raise TypeError(f"{who}: argument `{name}` must be a str or a sequence of str, got {val!r}")
+    return items
+
+
+def _argnums_and_names(fun, argnums, argnames, kind: str, who: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """(positions, names) of the `kind` ("static" or "donate") arguments, each completed from the other
+    through `fun`'s signature when only one is given (jax.jit's rule: a parameter that may be passed
+    either way is `kind` both ways), so such an argument passed by keyword is `kind` too."""
+    nums = None if argnums is None else _index_tuple(argnums, f"{kind}_argnums", who)
+    names = None if argnames is None else _str_tuple(argnames, f"{kind}_argnames", who)
+    if nums is not None and names is not None:
+        return nums, names
+    if nums is None and names is None:
+        return (), ()
+    try:
+        params = list(inspect.signature(fun).parameters.values())
+    except (TypeError, ValueError):  # (no signature: each as given; jax.jit refuses donated names)
+        if kind == "donate" and names is not None:
+            raise ValueError(f"{who}: argument `donate_argnames`: {fun!r} has no signature to find "
+                             "them in; pass `donate_argnums`") from None
+        return nums or (), names or ()
+    either = [(i, p.name) for i, p in enumerate(params) if p.kind == p.POSITIONAL_OR_KEYWORD]
+    if nums is None:
+        return tuple(i for i, n in either if n in names), names
+    return nums, tuple(n for i, n in either if i in nums)
+
+
+def _donated_positions(args, kwargs, donate_argnums, donate_argnames=()) -> frozenset[int]:
+    """Positions, among the dynamic flat arguments (_split_dynamic), of the donated arguments' leaves:
+    those of the positional arguments at `donate_argnums` and the keyword ones in `donate_argnames`,
+    as jax.jit donates them (a negative position donates nothing there)."""
+    nums = set() if donate_argnums is None else {donate_argnums} if isinstance(donate_argnums, int) \
+        else set(donate_argnums)
+    names = {donate_argnames} if isinstance(donate_argnames, str) else set(donate_argnames or ())
+    if not nums and not names:
         return frozenset()
-    nums = {donate_argnums} if isinstance(donate_argnums, int) else set(donate_argnums)
-    nums = {n % len(args) for n in nums if -len(args) <= n < len(args)}
     flags = (tuple(jax.tree_util.tree_map(lambda _, d=i in nums: d, a) for i, a in enumerate(args)),
-             jax.tree_util.tree_map(lambda _: False, kwargs))
+             {k: jax.tree_util.tree_map(lambda _, d=k in names: d, v) for k, v in kwargs.items()})
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     dyn_flags = [f for x, f in zip(leaves, jax.tree_util.tree_leaves(flags), strict=True)
                  if _is_dynamic(x)]

@@ -336,7 +336,9 @@ def test_donated_positions_count_dynamic_leaves_only():
     args = ({"a": x, "b": 2}, [x, x], x)  # (2 is static: not among the dynamic leaves)
     assert _donated_positions(args, {"k": x}, None) == frozenset()
     assert _donated_positions(args, {"k": x}, 1) == {1, 2}
-    assert _donated_positions(args, {"k": x}, (0, -1)) == {0, 3}
+    # a negative position donates nothing, as in jax.jit (whose donation vector compares positions)
+    assert _donated_positions(args, {"k": x}, (0, -1)) == {0}
+    assert _donated_positions(args, {"k": x}, (), ("k",)) == {4}
 
 
 ABLATION = {  # JAXSTITCH_TUNE spec -> stitched kernels of layernorm fwd+bwd and cross-entropy fwd+bwd
