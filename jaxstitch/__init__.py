@@ -8,6 +8,7 @@ from .api import disabled_checks, explain, jit  # noqa: F401
 from .kernels import ffi as _ffi
 from .families import build_stats  # noqa: F401
 from .kernels.cache import stats as cache_stats  # noqa: F401
+from . import cache  # noqa: F401  (jaxstitch.cache.clear(), .stats(), .directory())
 from . import transforms as _transforms  # noqa: F401  (the stitch primitive's grad / vmap rules)
 from .spmd import lowering as _spmd_lowering  # noqa: F401  (its lowering over several devices)
 from .targets import TARGETS, Target, get_target  # noqa: F401

@@ -17,6 +17,15 @@ class Config:
     # JAXSTITCH_STRICT=1: an internal error in planning, code generation or NVRTC raises instead of
     # leaving its region to XLA with a warning (the test suite runs with it on)
     strict: bool = False
+    # JAXSTITCH_CACHE_MAX_MB: the disk cache's bound in MB (default 1024; 0: unbounded); a write past
+    # it evicts the entries used least recently
+    cache_max_bytes: int = 1 << 30
+    # JAXSTITCH_OVERRIDE_DIR: hand-edited kernels, `<hash>.cu` compiled in place of the generated
+    # source of that hash (the dump's region*.plan.txt names it; dumps.py)
+    override_dir: str | None = None
+    # JAXSTITCH_PROGRESS=0: no progress line on stderr for builds longer than a few seconds
+    progress: bool = True
+
 
 
 def _flag(value: str | None) -> bool:
@@ -33,7 +42,21 @@ def load() -> Config:
         poison=_flag(env.get("JAXSTITCH_POISON")),
         tuning=_tuning(env.get("JAXSTITCH_TUNE", "")),
         strict=_flag(env.get("JAXSTITCH_STRICT")),
+        cache_max_bytes=_megabytes("JAXSTITCH_CACHE_MAX_MB", env.get("JAXSTITCH_CACHE_MAX_MB"), 1024),
+        override_dir=env.get("JAXSTITCH_OVERRIDE_DIR") or None,
+        progress=_flag(env.get("JAXSTITCH_PROGRESS", "1")),
     )
+
+
+def _megabytes(name: str, value: str | None, default: int) -> int:
+    """A size in MB (decimal allowed) as bytes; `default` MB where unset."""
+    try:
+        mb = float(value) if value not in (None, "") else default
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected a number of MB (0: unbounded)") from None
+    if not 0 <= mb < float("inf"):
+        raise ValueError(f"{name}={value!r}: expected a number of MB (0: unbounded)")
+    return int(mb * (1 << 20))
 
 
 def _tuning(spec: str) -> Tuning:
