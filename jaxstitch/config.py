@@ -27,7 +27,6 @@ class Config:
     progress: bool = True
 
 
-
 def _flag(value: str | None) -> bool:
     return (value or "0").lower() not in ("", "0", "false", "no", "off")
 

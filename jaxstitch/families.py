@@ -24,7 +24,7 @@ import time
 import jax
 import numpy as np
 
-from . import ir, pipeline, trace as trace_mod
+from . import ir, pipeline, progress, trace as trace_mod
 from .config import Config
 from .pipeline import Compiled, Program
 from .plan import KernelPlan, plan_region
@@ -88,7 +88,9 @@ def build_any(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict
     """The program for these arguments: pipeline.build's for sizes, `build`'s (families) for symbolic
     dimensions (jax.export)."""
     t0 = time.perf_counter()
-    program = (build if is_symbolic(flat_args) else pipeline.build)(fun, flat_args, in_tree, target, cfg, static)
+    with progress.building(progress.name_of(fun), cfg.progress) as building:  # (its name names dumps too)
+        program = (build if is_symbolic(flat_args) else pipeline.build)(fun, flat_args, in_tree, target, cfg, static)
+        building.done(program)
     with _built_lock:
         _built["programs"] += 1
         _built["seconds"] += time.perf_counter() - t0

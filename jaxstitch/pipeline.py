@@ -6,6 +6,7 @@ import logging
 import os
 
 from . import ir, ops as opdefs, partition as partition_mod, trace as trace_mod, wide_converts
+from . import dumps, progress
 from .config import Config
 from .kernels import cache, nvrtc
 from .lowering import codegen
@@ -150,6 +151,7 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config) -> Compiled:
         source = codegen.render(plan.kernel)
     except Unplannable as e:
         return Compiled(plan, None, None, None, f"codegen: {e}")
+    source = dumps.overridden(source, cfg.override_dir)  # (JAXSTITCH_OVERRIDE_DIR's hand-edited kernels)
     try:
         key, cubin, res = cache.get_cubin(source.code, target.arch, cfg.cache_dir)
     except nvrtc.CompileError as e:
@@ -313,7 +315,7 @@ def _build(traced: trace_mod.Traced, target: Target, cfg: Config) -> Program:
 
 def _complete(staged: Staged, target: Target, cfg: Config, bodies: bool = True) -> Program:
     traced, part = staged.traced, staged.partition
-    regions = tuple(compile_region(r, target, cfg) for r in part.regions)
+    regions = tuple(compile_region(r, target, cfg) for r in progress.planning(part.regions))
     if cfg.tuning.remote:
         regions = stitch_remote(traced.graph, regions, target, cfg)
     scans = plan_scans(traced, 1 + max((c.plan.region.id for c in regions), default=0), target, cfg)
@@ -434,16 +436,7 @@ class _Ends:
 
 
 def _dump(program: Program, dump_dir: str):
+    """The program's sources, plans and report in a folder of its own in `dump_dir` (dumps.py)."""
     from .report import make_report
 
-    os.makedirs(dump_dir, exist_ok=True)
-    for where, c in program.all_regions():
-        body = where.replace("/", ".").replace("[", "").replace("]", "")
-        rid = f"{body}.{c.plan.region.id}" if body else str(c.plan.region.id)
-        if c.source:
-            with open(os.path.join(dump_dir, f"region{rid}.cu"), "w") as f:
-                f.write(c.source)
-        with open(os.path.join(dump_dir, f"region{rid}.plan.txt"), "w") as f:
-            f.write(repr(c.plan.kernel) + "\n" + repr(c.plan.estimate) + f"\nreason: {c.reason}\n")
-    with open(os.path.join(dump_dir, "report.txt"), "w") as f:
-        f.write(str(make_report(program)) + "\n")
+    dumps.write(program, str(make_report(program)), dump_dir)
