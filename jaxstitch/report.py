@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 
+from .kernels import cache as cache_mod
 from .kernels.cache import Stats
+from .ops import REDUCTIONS, SCANS
 from .pipeline import Program
+from .progress import counted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,48 +54,134 @@ class Report:
     # (primitive, count), e.g. dropout's random_bits (prng.py), take_along_axis's gradient's
     # scatter-add into zeros (row_scatter.py).
     rewritten: tuple[tuple[str, int], ...] = ()
+    xla_counts: tuple[int, ...] = ()       # equations behind each xla_ops pair, in its order (): not counted
 
     @property
     def stitched_kernels(self) -> int:
         return sum(r.kernels for r in self.regions if r.stitched)
 
     def __str__(self) -> str:
-        head = (f"jaxstitch plan for {self.target}: {len(self.regions)} regions, "
-                f"{sum(r.stitched for r in self.regions)} stitched into {self.stitched_kernels} kernels")
+        return "\n".join(self._head() + _table(self.regions) + self._rewritten() + self._left_to_xla())
+
+    def _head(self) -> list[str]:
+        """What was planned, where the cubins came from, and the time it took (NVRTC's share as the
+        wall time it ran, beside its CPU time summed over the compiles running side by side)."""
+        n, stitched = len(self.regions), sum(r.stitched for r in self.regions)
+        head = f"jaxstitch plan for {self.target}: {counted(n, 'region')}"
+        if stitched:
+            head += f": {stitched} stitched into {counted(self.stitched_kernels, 'kernel')}"
+            head += f", {n - stitched} left to XLA" if n - stitched else ""
+        elif n:
+            head += ", none stitched"
+        lines = [head]
         if self.symbolic:
-            head += " (symbolic dimensions: shape families; rows x cols at the first sample size)"
-        if self.cache is not None:
-            head += (f"; cubins: {self.cache.nvrtc_compiles} compiled by NVRTC, {self.cache.disk_hits} from "
-                     f"the disk cache, {self.cache.memory_hits} from memory")
+            lines.append("symbolic dimensions: shape families; rows x cols at the first sample size")
+        c = self.cache
+        if c is not None:
+            line = (f"cubins: {c.nvrtc_compiles} compiled by NVRTC, {c.disk_hits} from the disk cache, "
+                    f"{c.memory_hits} from memory")
+            if c.discarded:
+                line += f"; {counted(c.discarded, 'corrupt cache entry', 'corrupt cache entries')} discarded"
+            lines.append(line)
         if self.seconds is not None:
-            head += f"; planned in {self.seconds:.2f} s"
-            if self.cache is not None and self.cache.nvrtc_compiles:
-                head += f" ({self.cache.nvrtc_seconds:.2f} s in NVRTC)"
-        cols = ("#", "ops", "stitched", "kernels", "scheme", "mapping", "rows x cols", "est us", "xla us", "reason")
-        rows = []
-        for r in self.regions:
-            ops = f"{len(r.ops)}: " + ",".join(sorted(set(r.ops)))[:40]
-            rows.append((r.name, ops, "yes" if r.stitched else "no",
-                         str(r.kernels), r.scheme or "-", "; ".join([r.mapping or "-", *r.variants]),
-                         f"{r.rows}x{r.cols}" if r.rows else "-",
-                         f"{r.est_us:.1f}" if r.est_us is not None else "-",
-                         f"{r.xla_est_us:.1f}" if r.xla_est_us is not None else "-",
-                         r.reason or ""))
-        widths = [max(len(c), *(len(row[i]) for row in rows)) if rows else len(c) for i, c in enumerate(cols)]
-        lines = [head, "  ".join(c.ljust(w) for c, w in zip(cols, widths))]
-        lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
-        for r in self.regions:
-            for alt in r.alternatives:
-                lines.append(f"  region {r.name} tried {alt}")
-        if self.rewritten:
-            lines.append("written out as other ops: " + ", ".join(
-                f"{n} {p} ({_WRITTEN_OUT.get(p, '')})" if p in _WRITTEN_OUT else f"{n} {p}" for p, n in self.rewritten))
-        if self.xla_ops:
-            lines.append("left to XLA: " + "; ".join(f"{p} ({why})" for p, why in self.xla_ops))
-        return "\n".join(lines)
+            line = f"built in {self.seconds:.2f} s"
+            if c is not None and c.nvrtc_compiles:
+                line += (f", NVRTC running for {min(c.nvrtc_busy_seconds, self.seconds):.2f} s of them "
+                         f"({c.nvrtc_seconds:.2f} s of CPU time on up to {counted(cache_mod.THREADS, 'thread')})")
+            lines.append(line)
+        return lines
+
+    def _rewritten(self) -> list[str]:
+        if not self.rewritten:
+            return []
+        lines = ["written out as other ops:"]
+        for p, n in self.rewritten:
+            lines += _wrapped(f"{n} {p}" + (f" ({_WRITTEN_OUT[p]})" if p in _WRITTEN_OUT else ""), "  ", "      ")
+        return lines
+
+    def _left_to_xla(self) -> list[str]:
+        """One line for each reason the trace's equations stay with XLA, with the equations counted;
+        primitives whose reasons differ in their names alone share a line ('gather x5, sort x2 is not
+        a stitchable primitive: 7 equations')."""
+        if not self.xla_ops:
+            return []
+        counts = self.xla_counts if len(self.xla_counts) == len(self.xla_ops) else None
+        groups: dict[tuple[str, bool], list[tuple[str, int]]] = {}
+        for k, (prim, why) in enumerate(self.xla_ops):
+            named = why.startswith(prim + " ")
+            groups.setdefault((why[len(prim):] if named else why, named), []).append(
+                (prim, counts[k] if counts else 0))
+        total = sum(counts) if counts else None
+        lines = ["left to XLA" + (f" ({counted(total, 'equation')}):" if counts else ":")]
+        for (why, named), members in sorted(groups.items(), key=lambda g: -sum(n for _, n in g[1])):
+            each = len(members) > 1 and counts  # (one primitive: the count at the end says it all)
+            prims = ", ".join(p + (f"{_KEEP}x{n}" if each else "") for p, n in members)
+            text = f"{prims}{why}" if named else f"{why} ({prims})"
+            if counts:
+                text += ": " + counted(sum(n for _, n in members), "equation").replace(" ", _KEEP)
+            lines += _wrapped(text, "  ", "      ")
+        return lines
 
     def _repr_pretty_(self, p, cycle):  # IPython
         p.text(str(self))
+
+
+WIDTH = 100  # of the report's lines: wrapped at spaces (a longer word stays whole)
+_COLUMNS = ("#", "stitched", "kernels", "scheme", "rows x cols", "est us", "xla us", "ops")
+_MIN_OPS_WIDTH = 24
+
+
+def _table(regions) -> list[str]:
+    """A row of numbers for each region, its mapping, reason and the mappings it tried below it."""
+    if not regions:
+        return []
+    rows = [(r.name, "yes" if r.stitched else "no", str(r.kernels), r.scheme or "-",
+             f"{r.rows}x{r.cols}" if r.rows else "-",
+             f"{r.est_us:.1f}" if r.est_us is not None else "-",
+             f"{r.xla_est_us:.1f}" if r.xla_est_us is not None else "-") for r in regions]
+    widths = [max([len(c)] + [len(row[i]) for row in rows]) for i, c in enumerate(_COLUMNS[:-1])]
+    ops_width = max(_MIN_OPS_WIDTH, WIDTH - sum(widths) - 2 * len(widths))
+    right = {5, 6}  # numbers align right
+
+    def line(cells):
+        return "  ".join(v.rjust(w) if i in right else v.ljust(w) for i, (v, w) in enumerate(zip(cells, widths)))
+
+    lines = [line(_COLUMNS[:-1]) + "  ops"]
+    for r, row in zip(regions, rows):
+        lines.append((line(row) + "  " + key_ops(r.ops, ops_width)).rstrip())
+        if r.mapping or r.variants:
+            lines += _wrapped("mapping: " + "; ".join([r.mapping or "-", *r.variants]), "    ", "        ")
+        if r.reason:
+            lines += _wrapped("reason: " + r.reason, "    ", "        ")
+        for alt in r.alternatives:
+            lines += _wrapped("tried: " + alt, "    ", "        ")
+    return lines
+
+
+def key_ops(ops: tuple[str, ...], width: int = WIDTH) -> str:
+    """'38: reduce_sum x4, reduce_max, mul x12, sub x4, +6 more': the op count, then its kinds, the
+    reductions first, each kind by its count, as many as `width` holds."""
+    n: dict[str, int] = {}
+    for p in ops:
+        n[p] = n.get(p, 0) + 1
+    kinds = sorted(n, key=lambda p: (not (p in REDUCTIONS or p in SCANS or p.startswith("reduce")), -n[p], p))
+    text = f"{len(ops)}:"
+    for k, p in enumerate(kinds):
+        item = (" " if k == 0 else ", ") + p + (f" x{n[p]}" if n[p] > 1 else "")
+        left = len(kinds) - k - 1
+        if k and len(text) + len(item) + (len(f", +{left} more") if left else 0) > width:
+            return text + f", +{len(kinds) - k} more"
+        text += item
+    return text
+
+
+_KEEP = "\x00"  # a space no line breaks at ("gather x5")
+
+
+def _wrapped(text: str, first: str, rest: str) -> list[str]:
+    lines = textwrap.wrap(text, WIDTH, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                          break_on_hyphens=False) or [first.rstrip()]
+    return [ln.replace(_KEEP, " ") for ln in lines]
 
 
 _WRITTEN_OUT = {"random_bits": "threefry's integer ops: prng.py",
@@ -124,17 +214,16 @@ def make_report(program: Program, cache: Stats | None = None, symbolic: bool = F
             registers=c.registers, alternatives=c.tried + _passed_over(k), where=where,
             variants=(((f"below {c.xla_below} rows: XLA's kernels",) if c.xla_below else ())
                       + tuple(f"below {n} rows: {v.plan.kernel.description}" for n, v in c.variants))))
-    seen, rewritten = [], {}
+    seen, rewritten = {}, {}  # (primitive, why) -> equations
     for p in _programs(program):
         ops = p.traced.graph.ops
         for idx, why in p.partition.unsupported:
             pair = (ops[idx].prim, why)
-            if pair not in seen:
-                seen.append(pair)
+            seen[pair] = seen.get(pair, 0) + 1
         for prim, n in p.traced.rewritten:
             rewritten[prim] = rewritten.get(prim, 0) + n
     return Report(program.target.name, tuple(regions), tuple(seen), cache, symbolic, seconds,
-                  tuple(sorted(rewritten.items())))
+                  tuple(sorted(rewritten.items())), xla_counts=tuple(seen.values()))
 
 
 def _described(kernel) -> str | None:

@@ -1,0 +1,141 @@
+"""explain's table: lines within about 100 columns, plurals, reductions first among a region's ops, the
+reasons ops stay with XLA grouped and counted, and counts that add up. On the CPU, with NVRTC."""
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxstitch
+from jaxstitch.kernels import nvrtc
+from jaxstitch.kernels.cache import Stats
+from jaxstitch.report import WIDTH, RegionReport, Report, key_ops
+from jaxstitch.workloads import layernorm_fwdbwd
+
+needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed")
+S = jax.ShapeDtypeStruct
+X, G = S((256, 1024), jnp.float32), S((1024,), jnp.float32)
+
+
+def mostly_xla(x, w):
+    """Products, sorts and a column cumsum: equations left to XLA for several reasons."""
+    y = x @ w
+    z = jnp.sort(y, -1) + jnp.sort(x, -1)
+    return jnp.cumsum(z, 0) @ w, jnp.argsort(y, -1), (x @ w.T) @ w
+
+
+def _too_wide(text: str) -> list[str]:
+    """Lines past WIDTH that a shorter wrap could have avoided (a single word longer than a line may
+    pass it)."""
+    return [ln for ln in text.splitlines() if len(ln) > WIDTH and len(max(ln.split(), key=len)) < WIDTH // 2]
+
+
+def _region(**kw) -> RegionReport:
+    base = dict(index=0, ops=("mul",), stitched=False, kernels=1, scheme=None, mapping=None, rows=None,
+                cols=None, grid=None, block=None, est_bytes=None, est_us=None, xla_kernels=1, xla_est_us=None,
+                reason=None, cache_key=None)
+    return RegionReport(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def layernorm():
+    return jaxstitch.explain(layernorm_fwdbwd, X, G, G, X, target="h100")
+
+
+@pytest.fixture(scope="module")
+def xla_heavy():
+    return jaxstitch.explain(mostly_xla, S((256, 256), jnp.float32), S((256, 256), jnp.float32), target="h100")
+
+
+@needs_nvrtc
+def test_a_one_region_plan_speaks_in_the_singular(layernorm):
+    text = str(layernorm)
+    head = text.splitlines()[0]
+    assert head == "jaxstitch plan for h100: 1 region: 1 stitched into 1 kernel", text
+    assert not re.search(r"\b1 (regions|kernels|equations|compiles|threads)\b", text), text
+    assert not _too_wide(text), text
+
+
+@needs_nvrtc
+def test_the_head_counts_add_up(layernorm):
+    text = str(layernorm)
+    cubins = re.search(r"^cubins: (\d+) compiled by NVRTC, (\d+) from the disk cache, (\d+) from memory",
+                       text, re.M)
+    c = layernorm.cache
+    assert cubins and tuple(map(int, cubins.groups())) == (c.nvrtc_compiles, c.disk_hits, c.memory_hits), text
+    built = re.search(r"^built in ([\d.]+) s(, NVRTC running for ([\d.]+) s of them \(([\d.]+) s of CPU "
+                      r"time on up to \d+ threads?\))?$", text, re.M)
+    assert built, text
+    if c.nvrtc_compiles:  # (NVRTC's wall time is within the build's; its CPU time may exceed both)
+        assert built.group(2) and float(built.group(3)) <= float(built.group(1)), text
+        assert float(built.group(4)) == pytest.approx(c.nvrtc_seconds, abs=0.01), text
+
+
+def test_head_counts_regions_left_to_xla():
+    regions = (_region(stitched=True, index=0), _region(index=1, reason="why"), _region(index=2, reason="why"))
+    report = Report("h100", regions, ())
+    assert str(report).splitlines()[0] == "jaxstitch plan for h100: 3 regions: 1 stitched into 1 kernel, 2 left to XLA"
+    assert str(Report("h100", regions[1:], ())).splitlines()[0] == "jaxstitch plan for h100: 2 regions, none stitched"
+    busy = Report("h100", regions, (), Stats(7, 2, 1, 9.5, 3.25), seconds=4.0)
+    lines = str(busy).splitlines()
+    assert lines[1] == "cubins: 7 compiled by NVRTC, 1 from the disk cache, 2 from memory"
+    assert lines[2].startswith("built in 4.00 s, NVRTC running for 3.25 s of them (9.50 s of CPU time on up to")
+
+
+@needs_nvrtc
+def test_reasons_left_to_xla_are_grouped_and_counted(xla_heavy):
+    text = str(xla_heavy)
+    assert not _too_wide(text), text
+    block = text[text.index("\nleft to XLA ("):].splitlines()[1:]
+    total = int(re.search(r"^left to XLA \((\d+) equations?\):$", text, re.M).group(1))
+    counted = [int(m.group(1)) for ln in block if (m := re.search(r": (\d+) equations?$", ln))]
+    assert sum(counted) == total == sum(xla_heavy.xla_counts), text
+    assert len(counted) == len({why.removeprefix(p) for p, why in xla_heavy.xla_ops}), text
+    dots = [ln for ln in block if ln.lstrip().startswith("dot_general is compute-intensive")]
+    assert len(dots) == 1 and dots[0].endswith(": 4 equations"), text
+
+
+def test_a_group_of_primitives_shares_a_line_and_wraps_between_them():
+    pairs = tuple((p, f"{p} is not a stitchable primitive") for p in
+                  ("gather", "random_fold_in", "random_unwrap", "scatter-add", "another_long_primitive_name"))
+    report = Report("h100", (), pairs, xla_counts=(5, 37, 37, 3, 1))
+    lines = str(report).splitlines()
+    assert lines[1] == "left to XLA (83 equations):"
+    assert lines[2].startswith("  gather x5, random_fold_in x37, random_unwrap x37, scatter-add x3,")
+    joined = " ".join(ln.strip() for ln in lines[2:])
+    assert joined.endswith("another_long_primitive_name x1 is not a stitchable primitive: 83 equations")
+    assert all(len(ln) <= WIDTH for ln in lines)
+    assert not any(ln.rstrip().endswith((" x", "83")) for ln in lines)  # (never broken inside "gather x5")
+
+
+def test_long_mappings_and_reasons_wrap_under_their_region():
+    long_reason = "a reason " * 30
+    report = Report("h100", (_region(reason=long_reason.strip(), mapping="block per row, " * 12,
+                                     alternatives=("another mapping " * 10,)),), ())
+    text = str(report)
+    assert not _too_wide(text), text
+    body = text.splitlines()[3:]
+    assert body[0].startswith("    mapping: block per row,") and body[1].startswith("        ")
+    assert any(ln.startswith("    reason: a reason") for ln in body)
+    assert any(ln.startswith("    tried: another mapping") for ln in body)
+    assert " ".join(ln.strip() for ln in body if not ln.startswith("    mapping")).count("a reason") == 30
+
+
+def test_key_ops_put_reductions_first_and_count_the_rest():
+    ops = ("mul",) * 5 + ("exp",) * 2 + ("reduce_sum", "reduce_max", "reduce_sum", "sub")
+    assert key_ops(ops) == "11: reduce_sum x2, reduce_max, mul x5, exp x2, sub"
+    short = key_ops(ops, width=40)
+    assert short.startswith("11: reduce_sum x2, reduce_max") and len(short) <= 40, short
+    shown = short.split(": ", 1)[1].split(", ")
+    assert int(shown[-1].strip("+ more")) + len(shown) - 1 == 5, short  # every kind accounted for
+
+
+@needs_nvrtc
+def test_each_row_of_the_table_fits(layernorm, xla_heavy):
+    for report in (layernorm, xla_heavy):
+        head = [ln for ln in str(report).splitlines() if ln.startswith("#")]
+        assert head and head[0].split() == ["#", "stitched", "kernels", "scheme", "rows", "x", "cols", "est",
+                                            "us", "xla", "us", "ops"]
+        assert all(len(ln) <= WIDTH for ln in str(report).splitlines() if re.match(r"\d+ ", ln))
