@@ -17,6 +17,9 @@ class Config:
     # JAXSTITCH_STRICT=1: an internal error in planning, code generation or NVRTC raises instead of
     # leaving its region to XLA with a warning (the test suite runs with it on)
     strict: bool = False
+    # XLA_FLAGS' --xla_allow_excess_precision (XLA's default: true): XLA then collapses chains of
+    # floating conversions, and so does the trace (fp_conversions.py), for our kernels to agree
+    excess_precision: bool = True
     # JAXSTITCH_CACHE_MAX_MB: the disk cache's bound in MB (default 1024; 0: unbounded); a write past
     # it evicts the entries used least recently
     cache_max_bytes: int = 1 << 30
@@ -41,10 +44,21 @@ def load() -> Config:
         poison=_flag(env.get("JAXSTITCH_POISON")),
         tuning=_tuning(env.get("JAXSTITCH_TUNE", "")),
         strict=_flag(env.get("JAXSTITCH_STRICT")),
+        excess_precision=_xla_flag(env.get("XLA_FLAGS", ""), "xla_allow_excess_precision", True),
         cache_max_bytes=_megabytes("JAXSTITCH_CACHE_MAX_MB", env.get("JAXSTITCH_CACHE_MAX_MB"), 1024),
         override_dir=env.get("JAXSTITCH_OVERRIDE_DIR") or None,
         progress=_flag(env.get("JAXSTITCH_PROGRESS", "1")),
     )
+
+
+def _xla_flag(flags: str, name: str, default: bool) -> bool:
+    """A boolean XLA flag's value in an XLA_FLAGS string (`--name`, `--name=false`), else `default`."""
+    value = default
+    for word in flags.split():
+        key, _, val = word.lstrip("-").partition("=")
+        if key == name:
+            value = _flag(val or "true")
+    return value
 
 
 def _megabytes(name: str, value: str | None, default: int) -> int:

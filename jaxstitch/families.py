@@ -104,7 +104,8 @@ def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | N
                             wide_scatters=bool(cfg.tuning.wide_scatters),
                             merge_products=bool(cfg.tuning.merge_products),
                             batched_folds=cfg.tuning.batched_folds,
-                            product_concats=bool(cfg.tuning.product_concats))
+                            product_concats=bool(cfg.tuning.product_concats),
+                            excess_precision=cfg.excess_precision)
     # Both samples are staged (their kernels compiling meanwhile) before either is completed. The
     # second takes the first's regions: a family's regions must be the same ops at both anyway.
     first, second = (trace_mod.at_sizes(traced, functools.partial(_size, value=s)) for s in SAMPLES)

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 
 from . import ir, ops as opdefs, partition as partition_mod, trace as trace_mod, wide_converts
-from . import dumps, progress
+from . import dumps, fallback, progress
 from .config import Config
 from .kernels import cache, nvrtc
 from .lowering import codegen
@@ -154,9 +155,11 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config) -> Compiled:
     source = dumps.overridden(source, cfg.override_dir)  # (JAXSTITCH_OVERRIDE_DIR's hand-edited kernels)
     try:
         key, cubin, res = cache.get_cubin(source.code, target.arch, cfg.cache_dir)
-    except nvrtc.CompileError as e:
-        log.warning("region %d falls back to XLA: %s", plan.region.id, str(e).splitlines()[0])
-        return Compiled(plan, source.code, None, None, f"NVRTC: {e}")
+    except nvrtc.CompileError as e:  # (our own source failing to compile is a jaxstitch bug)
+        if cfg.strict:
+            raise
+        why = fallback.region_failed("NVRTC", plan.region.ops, "", e)
+        return Compiled(plan, source.code, None, None, why)
     if res.spill_bytes > 0:
         why = (f"the kernel spills {res.spill_bytes} bytes of registers ({res.registers} used) "
                "in every thread mapping tried")
@@ -196,20 +199,30 @@ _FITS: dict[tuple, bool] = {}
 _FITS_MAX = 1 << 16
 
 
-def _fits_one_kernel(region) -> bool:
+def _fits_one_kernel(region, strict: bool = False) -> bool:
     """Whether one kernel can hold the region: in a row space, or as a batch of tiles (whose
     schedule does not depend on the GPU; the target here only sizes its launch). Remembered by the
-    region's structure."""
+    region's structure. An internal error in planning it says no (`strict`: raises)."""
     try:
         key = partition_mod.structure(region)
         known = _FITS.get(key)
     except (TypeError, ValueError):  # (a parameter that cannot be hashed or compared: planned every time)
-        return _plans_as_one_kernel(region)
+        return _plans_or_not(region, strict)
     if known is None:
         if len(_FITS) >= _FITS_MAX:
             _FITS.clear()
-        known = _FITS[key] = _plans_as_one_kernel(region)
+        known = _FITS[key] = _plans_or_not(region, strict)
     return known
+
+
+def _plans_or_not(region, strict: bool) -> bool:
+    try:
+        return _plans_as_one_kernel(region)
+    except Exception as e:  # noqa: BLE001 - (a planner bug: the partition cuts around it)
+        if strict:
+            raise
+        log.debug("planning region of %s raised %s: %s", fallback.key_ops(region.ops), type(e).__name__, e)
+        return False
 
 
 def _plans_as_one_kernel(region) -> bool:
@@ -235,7 +248,8 @@ def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | N
                             wide_scatters=bool(cfg.tuning.wide_scatters),
                             merge_products=bool(cfg.tuning.merge_products),
                             batched_folds=cfg.tuning.batched_folds,
-                            product_concats=bool(cfg.tuning.product_concats))
+                            product_concats=bool(cfg.tuning.product_concats),
+                            excess_precision=cfg.excess_precision)
     return complete(stage(traced, target, cfg), target, cfg)
 
 
@@ -259,9 +273,10 @@ def stage(traced: trace_mod.Traced, target: Target, cfg: Config,
         part = partition_mod.resized(regions_of, traced.graph)
     else:
         cuts = partition_mod.Cuts(at_reduced=not cfg.tuning.stitch, at_grid=not cfg.tuning.grid)
-        part = partition_mod.partition(traced.graph, fits=_fits_one_kernel, cuts=cuts)
+        fits = functools.partial(_fits_one_kernel, strict=cfg.strict)
+        part = partition_mod.partition(traced.graph, fits=fits, cuts=cuts)
         if cfg.tuning.recompute:
-            part = recompute_cheap_inputs(traced.graph, part, _fits_one_kernel,
+            part = recompute_cheap_inputs(traced.graph, part, fits,
                                           unread_writes=cfg.tuning.recompute >= 2,
                                           leaf_chains=cfg.tuning.recompute >= 3)
     for r in part.regions:
@@ -293,12 +308,12 @@ def widened(traced: trace_mod.Traced) -> trace_mod.Traced:
 def prefetch(region, target: Target, cfg: Config):
     """What compile_region tries first, compiling in the background (a wrong guess costs a compile
     thread, never a result: compile_region plans and looks the source up again)."""
-    plan = plan_region(region, target, dataclasses.replace(cfg.tuning, max_tpr=_tprs(cfg)[0]))
-    if not plan.stitched:
-        return
     try:
+        plan = plan_region(region, target, dataclasses.replace(cfg.tuning, max_tpr=_tprs(cfg)[0]))
+        if not plan.stitched:
+            return
         source = codegen.render(plan.kernel)
-    except Unplannable:
+    except Exception:  # noqa: BLE001 - (declined, or a bug that compile_region meets again and reports)
         return
     cache.prefetch(source.code, target.arch, cfg.cache_dir)
 
@@ -315,15 +330,39 @@ def _build(traced: trace_mod.Traced, target: Target, cfg: Config) -> Program:
 
 def _complete(staged: Staged, target: Target, cfg: Config, bodies: bool = True) -> Program:
     traced, part = staged.traced, staged.partition
-    regions = tuple(compile_region(r, target, cfg) for r in progress.planning(part.regions))
+    regions = tuple(_compiled_or_xla(r, traced, target, cfg) for r in progress.planning(part.regions))
     if cfg.tuning.remote:
-        regions = stitch_remote(traced.graph, regions, target, cfg)
+        regions = _or_unchanged(lambda: stitch_remote(traced.graph, regions, target, cfg), regions, "remote stitching", cfg)
     scans = plan_scans(traced, 1 + max((c.plan.region.id for c in regions), default=0), target, cfg)
     taken = {c.plan.region.ops[0].index for c in scans if c.stitched}
-    planned = tuple((i, key, _build(_trace_body(closed), target, cfg))
+    planned = tuple((i, key, _build(_trace_body(closed, cfg), target, cfg))
                     for i, e in enumerate(traced.eqns if bodies else ()) if i not in taken
                     for key, closed in trace_mod.bodies(e))
     return Program(traced, part, regions + scans, target, planned)
+
+
+def _compiled_or_xla(region, traced: trace_mod.Traced, target: Target, cfg: Config) -> Compiled:
+    """compile_region, or after an internal error (a jaxstitch bug) the region left to XLA, with a
+    warning naming it (fallback.py); JAXSTITCH_STRICT raises."""
+    try:
+        return compile_region(region, target, cfg)
+    except Exception as e:  # noqa: BLE001 - a planner or codegen bug must leave the region to XLA
+        if cfg.strict:
+            raise
+        where = trace_mod.source_line(traced.eqns[region.ops[0].index]) if region.ops else ""
+        why = fallback.region_failed("planning", region.ops, where, e)
+        return Compiled(RegionPlan(region, None, None, why), None, None, None, why)
+
+
+def _or_unchanged(step, unchanged, what: str, cfg: Config):
+    """`step()`, or `unchanged` after an internal error in it (warned about; JAXSTITCH_STRICT raises)."""
+    try:
+        return step()
+    except Exception as e:  # noqa: BLE001
+        if cfg.strict:
+            raise
+        fallback.region_failed(what, (), "", e)
+        return unchanged
 
 
 def plan_scans(traced: trace_mod.Traced, first_id: int, target: Target, cfg: Config) -> tuple[Compiled, ...]:
@@ -360,9 +399,10 @@ def compile_scan(region, eqn, target: Target, cfg: Config) -> Compiled:
     return _compile_plan(RegionPlan(region, kernel, est, None), target, cfg)
 
 
-def _trace_body(closed) -> trace_mod.Traced:
+def _trace_body(closed, cfg: Config) -> trace_mod.Traced:
     avals = trace_mod.in_avals(closed)
-    return trace_mod.trace(trace_mod.jaxpr_as_fun(closed), avals, trace_mod.positional_tree(avals))
+    return trace_mod.trace(trace_mod.jaxpr_as_fun(closed), avals, trace_mod.positional_tree(avals),
+                           excess_precision=cfg.excess_precision)
 
 
 def stitch_remote(graph, regions: tuple[Compiled, ...], target: Target, cfg: Config) -> tuple[Compiled, ...]:

@@ -15,7 +15,7 @@ import collections
 import dataclasses
 from typing import Callable
 
-from . import ir, ops as opdefs, wide_converts
+from . import ir, ops as opdefs, pinned_values, wide_converts
 from .partition import TABLE_RATIO, Partition, Region
 from .plan import positions
 
@@ -34,7 +34,8 @@ def recompute_cheap_inputs(graph: ir.Graph, part: Partition, fits: Callable[[Reg
     chains that share a leaf together (_adopt_shared_leaves). `leaf_chains`: also trade a leaf no
     kernel writes for the written value its own chain starts from (_adopt_chains), and count values
     computed from positions alone among those a dropped write is rebuilt from (_drop_unread)."""
-    producer = {o.id: op for op in graph.ops for o in op.outputs}
+    pinned = pinned_values.pinned(graph)  # (read as written, never recomputed: as if made by no op)
+    producer = {o.id: op for op in graph.ops for o in op.outputs if o.id not in pinned}
     hidden = {o for r in part.regions for op in r.ops for o in op.outputs} - \
         {o for r in part.regions for o in r.outputs}
     sole = _read_once(graph, part) if unread_writes else set()

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from . import batched_products, ir, merged_products, prng, row_scatter, transposed_products, wide_scatter
+from . import batched_products, cse, fp_conversions, ir, merged_products, prng, row_scatter, transposed_products, wide_scatter
 
 _INLINED = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
             "custom_vjp_call_jaxpr", "checkpoint", "remat")
@@ -39,6 +39,20 @@ class Eqn:
     # it found only products read): XLA would copy it in a kernel of its own after writing its
     # operands, so only our kernel writing it pays (plan/cost.py)
     for_products: bool = False
+    # where the user's code made it (jax's SourceInfo; `source_line` summarizes it), for reports
+    source_info: Any = None
+
+
+def source_line(eqn: Eqn) -> str:
+    """`file:line (function)` of the user's code that made `eqn`, or "" where unknown."""
+    if eqn.source_info is None:
+        return ""
+    from jax.extend import source_info_util
+
+    try:
+        return source_info_util.summarize(eqn.source_info)
+    except Exception:  # noqa: BLE001 - a report line must never fail
+        return ""
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -76,6 +90,18 @@ def _hashable_params(params: dict) -> tuple[tuple[str, Any], ...]:
 
 
 _DROPPED = object()
+
+
+def _comparable_params(eqn: Eqn) -> tuple | None:
+    """All of an equation's params in canonical form, or None where one has no such form (a jaxpr,
+    a callable): equations with such params are never taken for equal (cse.py)."""
+    out = []
+    for key in sorted(eqn.params):
+        val = _canonical(eqn.params[key])
+        if val is _DROPPED:
+            return None
+        out.append((key, val))
+    return tuple(out)
 
 
 def _canonical(val):
@@ -189,7 +215,8 @@ class _Flattener:
             outs = tuple(self.new_value(v.aval) for v in eqn.outvars)
             for var, o in zip(eqn.outvars, outs):
                 env[var] = o
-            self.eqns.append(Eqn(eqn.primitive, dict(eqn.params), tuple(ins), outs, bool(eqn.effects)))
+            self.eqns.append(Eqn(eqn.primitive, dict(eqn.params), tuple(ins), outs, bool(eqn.effects),
+                                 source_info=getattr(eqn, "source_info", None)))
             for o in outs:
                 self.producer[o.id] = self.eqns[-1]
         return [self.atom(env, x) for x in jaxpr.outvars]
@@ -197,7 +224,7 @@ class _Flattener:
 
 def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None = None,
           scatters: bool = True, wide_scatters: bool = True, merge_products: bool = False,
-          batched_folds: int = 0, product_concats: bool = False) -> Traced:
+          batched_folds: int = 0, product_concats: bool = False, excess_precision: bool = True) -> Traced:
     """Trace `fun(*args, **kwargs)` given the dynamic leaves of `(args, kwargs)` (arrays, tracers or
     ShapeDtypeStructs); `static` maps the positions of the other leaves to their Python values.
     `scatters`: write a scatter-add of one value per row into a fill out as a select (row_scatter.py;
@@ -208,13 +235,15 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
     products are folded into them (transposed_products.py); `batched_folds`: batched products'
     transposes of the minor axis folded into them (batched_products.py: 1 those that open a value to
     our regions, 2 every one); `product_concats`: every
-    concatenation only products read counted as one XLA copies (merged_products.py)."""
+    concatenation only products read counted as one XLA copies (merged_products.py);
+    `excess_precision`: chains of floating conversions collapsed as XLA collapses them
+    (fp_conversions.py)."""
     out_tree_box = []
     static = static or {}
     args, kwargs = _with_static_hidden(flat_args, in_tree, static)
     closed = jax.make_jaxpr(_as_traced(fun, in_tree, static, out_tree_box))(*args, **kwargs)
     graph, eqns, consts, rewritten = _flatten(closed, scatters, wide_scatters, merge_products,
-                                              batched_folds, product_concats)
+                                              batched_folds, product_concats, excess_precision)
     return Traced(graph, eqns, consts, out_tree_box[0], rewritten)
 
 
@@ -312,13 +341,19 @@ def positional_tree(args: Sequence[Any]):
 
 def _flatten(closed, scatters: bool = True, wide_scatters: bool = True,
              merge_products: bool = False, batched_folds: int = 0,
-             product_concats: bool = False) -> tuple[ir.Graph, tuple[Eqn, ...], dict, tuple]:
+             product_concats: bool = False, excess_precision: bool = True) -> tuple[ir.Graph, tuple[Eqn, ...], dict, tuple]:
     """A closed jaxpr as a graph over fresh values, its live equations, its captured constants and
-    the equations written out (Traced.rewritten)."""
+    the equations written out (Traced.rewritten). With `excess_precision` (XLA's default on GPUs),
+    chains of floating conversions collapse as XLA collapses them (fp_conversions.py)."""
     fl = _Flattener(scatters, wide_scatters)
     inputs = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
     outputs = fl.run(closed.jaxpr, closed.consts, inputs)
     eqns = fl.eqns
+    if excess_precision:
+        eqns, collapsed = fp_conversions.collapse(eqns)
+        if collapsed:
+            fl.rewritten[fp_conversions.REPORTED] = collapsed
+    eqns, outputs, _ = cse.merge_equal(eqns, outputs, _comparable_params)
     if batched_folds:
         eqns, folded = batched_products.fold_batched(
             eqns, outputs, lambda shape, dtype: ir.Value(next(fl.ids), shape, dtype), batched_folds)

@@ -9,6 +9,8 @@
 * The whole session uses a fresh temporary JAXSTITCH_CACHE_DIR, so tests never read or write the user's
   kernel cache; JAXSTITCH_DISABLE and JAXSTITCH_DUMP_DIR from the caller's environment are cleared (tests
   that want them set them with monkeypatch).
+* JAXSTITCH_STRICT=1: an internal error in planning, code generation or NVRTC raises (a user gets the
+  region left to XLA with a warning), so that such bugs fail the tests.
 """
 from __future__ import annotations
 
@@ -53,10 +55,11 @@ def pytest_runtest_setup(item):
 
 @pytest.fixture(scope="session", autouse=True)
 def _jaxstitch_session_env(tmp_path_factory):
-    """A private kernel cache for the session; no inherited disable / dump switches."""
-    saved = {k: os.environ.get(k) for k in ("JAXSTITCH_CACHE_DIR",) + _ENV_CLEARED}
+    """A private kernel cache for the session; no inherited disable / dump switches; strict errors."""
+    saved = {k: os.environ.get(k) for k in ("JAXSTITCH_CACHE_DIR", "JAXSTITCH_STRICT") + _ENV_CLEARED}
     cache_dir = tmp_path_factory.mktemp("jaxstitch_cache")
     os.environ["JAXSTITCH_CACHE_DIR"] = str(cache_dir)
+    os.environ["JAXSTITCH_STRICT"] = "1"
     for k in _ENV_CLEARED:
         os.environ.pop(k, None)
     yield cache_dir

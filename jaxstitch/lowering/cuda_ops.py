@@ -202,10 +202,50 @@ FAST = {"exp": "js_exp_fast", "erfc": "js_erfc_fast"}
 
 def expression(op: ir.Op, args: list[str], fast_exp: bool = False) -> str:
     """`op`'s C expression; exp and erfc are fast forms where the plan allows them
-    (planner.fast_exp)."""
+    (planner.fast_exp). A discrete op reads its half-precision operands rounded (as_stored)."""
     if fast_exp and op.prim in FAST:
         return f"{FAST[op.prim]}({args[0]})"
+    if discrete(op):
+        args = [as_stored(a, x) for a, x in zip(op.inputs, args)]
     return EXPR[op.prim](op, args)
+
+
+# Ops whose result jumps where an operand crosses a point: compares, rounding to integers, a sign,
+# a test for infinity, conversions to integers and bitcasts.
+DISCRETE = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "floor", "ceil", "round", "sign", "is_finite",
+                      "bitcast_convert_type"})
+
+
+def discrete(op: ir.Op) -> bool:
+    """Whether `op` observes its operands' exact values rather than moving continuously with them."""
+    if op.prim == "convert_element_type":
+        return CTYPE[op.outputs[0].dtype] != "float"
+    return op.prim in DISCRETE
+
+
+def as_stored(a: ir.Atom, expr: str) -> str:
+    """`expr`, operand `a` in compute type, as its dtype holds it: a half-precision value, which our
+    kernels compute in float (excess precision), rounded to it. A discrete op must see what XLA and
+    every other kernel see: a bfloat16 softmax's gradient compared each element, unrounded, with the
+    column maximum another kernel had stored rounded, found none equal and divided by a count of zero
+    (non-finite gradients, H200). Rounding is monotonic, so a maximum of unrounded values, rounded,
+    is the maximum of the rounded ones."""
+    half = getattr(a, "dtype", None)
+    if half not in ROUND or not isinstance(a, ir.Value) or _is_call(expr, ROUND[half]):
+        return expr  # (not half precision, a literal, or rounded already: as_written)
+    return f"{ROUND[half]}({expr})"
+
+
+def _is_call(expr: str, fn: str) -> bool:
+    """Whether `expr` is one call of `fn` as a whole (not `fn(a) + b`)."""
+    if not (expr.startswith(fn + "(") and expr.endswith(")")):
+        return False
+    depth = 0
+    for i, ch in enumerate(expr[len(fn):]):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0:
+            return i == len(expr) - len(fn) - 1
+    return False
 
 
 def bool_factor(op: ir.Op, producer: dict) -> tuple[int, ir.Value] | None:

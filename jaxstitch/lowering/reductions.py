@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import ir, ops as opdefs
 from ..plan.layout import COL, FULL
-from .cuda_ops import ARG_REDUCE, CTYPE, EXPR, REDUCE, literal
+from .cuda_ops import ARG_REDUCE, CTYPE, REDUCE, as_stored, expression, literal
 from .kernel import Kernel, Writer, col_index
 
 
@@ -32,13 +32,13 @@ def reduce_accumulate(k: Kernel, w: Writer, ops: list[ir.Op]):
             _online_accumulate(k, w, op)
             continue
         if op.prim == opdefs.VARIADIC:
-            elems = [f"({k.ctype(out)})({k.ref(a)})" for out, a in zip(op.outputs, op.inputs)]
+            elems = [f"({k.ctype(out)})({as_stored(a, k.ref(a))})" for out, a in zip(op.outputs, op.inputs)]
             args = f"({_partials(op)}, {', '.join(elems)});"
             first, later = combiner(k, op), combiner(k, op, _column_indices(k, op))
             k.each_element(w, f"{first}{args}" if later == first else
                            f"if (e == 0) {first}{args} else {later}{args}")
         elif op.prim in ARG_REDUCE:
-            args = f"(p{o.id}, q{o.id}, (float){k.ref(src)}, {col_index('e')});"
+            args = f"(p{o.id}, q{o.id}, (float){as_stored(src, k.ref(src))}, {col_index('e')});"
             fold = f"js_arg_combine<{ARG_REDUCE[op.prim]}>{args}"
             k.each_element(w, f"if (e == 0) {fold} else js_arg_combine<{ARG_REDUCE[op.prim]}, true>{args}"
                            if _ascending(k) else fold)
@@ -104,7 +104,7 @@ def combiner(k: Kernel, op: ir.Op, later: frozenset[int] = frozenset()) -> str:
     for g in graph.ops:
         out = g.outputs[0]
         names[out.id] = f"c{out.id}"
-        expr = known(g) or EXPR[g.prim](g, [ref(a) for a in g.inputs])
+        expr = known(g) or expression(g, [ref(a) for a in g.inputs])
         lines.append(f"  const {CTYPE[out.dtype]} c{out.id} = {expr};")
     # (all results first: an output may read an accumulator another one overwrites)
     lines += [f"  const {CTYPE[v.dtype]} r{i} = {ref(a)};" for i, (v, a) in enumerate(zip(graph.inputs, graph.outputs))]
