@@ -59,6 +59,8 @@ def unsupported_reason(op: ir.Op) -> str | None:
             return f"{prim} has a {v.dtype} operand (stitched dtypes: {', '.join(ir.SUPPORTED_DTYPES)})"
     if any(o.size == 0 for o in op.outputs):
         return f"{prim} has an empty output"
+    if any(isinstance(a, ir.Value) and a.size == 0 for a in op.inputs):
+        return f"{prim} has an empty operand"
     reason = _integer_reason(op)
     if reason:
         return reason

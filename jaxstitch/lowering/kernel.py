@@ -284,7 +284,7 @@ class Kernel:
 
         def load(index: str) -> str:
             if not view.exact:
-                index = f"min(max({index}, 0LL), {view.size - 1}LL)"
+                index = f"min(max((long long)({index}), 0LL), {view.size - 1}LL)"
             return f"js_io<{st}>::get({ptr}[{index}])"
 
         if storage == SCALAR:
@@ -309,7 +309,7 @@ class Kernel:
         if _vector_readable(view, dims[j:], dims[:j], self.m.vec):
             index = f"{name}_at + {_affine(dims[j:], '(ROW_C0 + col0)', column=True)}"
             if not view.exact:  # (an aligned vector of the source: its values are don't-cares)
-                index = f"min(max({index}, 0LL), {view.size - self.m.vec}LL)"
+                index = f"min(max((long long)({index}), 0LL), {view.size - self.m.vec}LL)"
             w(f"  if ({row_ok}col0 < ROW_COLS) js_load<{st}, V>({ptr} + {index}, &{name}[k * V]);")
             w(f"  else for (int i = 0; i < V; ++i) {name}[k * V + i] = ({ct})0;")
         else:
@@ -466,6 +466,10 @@ class Kernel:
                 if where == "chunk":  # the row-0 tasks (every slice of row 0)
                     w("if (row == 0) {")
                     self.store_array(w, o, j, "", "ROW_C0 + ")
+                elif self.chunked:  # (a value the same in every column: block 0 walks the whole row)
+                    w("if (blockIdx.x == 0) {")
+                    w(f"  for (int c = tid; c < N_COLS; c += BLOCK) out{j}[c] = "
+                      f"js_io<{st}>::put({self.ref(o, '0', stored=True)});")
                 else:
                     w("if (blockIdx.x == 0 && row_in_block == 0) {")
                     self.store_array(w, o, j, "", "")

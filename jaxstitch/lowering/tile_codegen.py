@@ -136,8 +136,11 @@ class _Emitter:
         self.tmp += 1  # names unique per body: row-scope bodies share one C scope
 
     # ---- stores ---------------------------------------------------------------------------------
-    def stores_of(self, vid: int) -> list[tuple[int, ir.Value]]:
-        return [(j, o) for j, o in enumerate(self.outputs) if self.plan.root(o.id) == vid]
+    def stores_of(self, vid: int, axis: str) -> list[tuple[int, ir.Value]]:
+        """The outputs that are value `vid` along `axis` alone (the loop storing them walks it): an
+        output that broadcasts it over the other axis too is a whole tile, stored by a tile loop."""
+        return [(j, o) for j, o in enumerate(self.outputs)
+                if self.plan.root(o.id) == vid and self.plan.out_kind(o).replace(T.N, "") == axis]
 
     def stored(self, o: ir.Value) -> str:
         """The expression an output is stored from (cuda_ops.rounded_float: a float rounded to the
@@ -289,7 +292,7 @@ def _vector_reads(em: _Emitter, w: Writer, width: int, domains: tuple[str, ...])
         if width * (4 if t.wide else v.itemsize) not in (4, 8, 16):
             continue
         at = "a * TB + b0" if t.domain == T.FULL else "b0"
-        w(f"float js_p{v.id}[{width}];")
+        w(f"{'float' if t.wide else CTYPE[v.dtype]} js_p{v.id}[{width}];")  # (an integer stays one)
         w(f"js_load<{held}, {width}>(sm{v.id} + {at}, js_p{v.id});")
         em.vectors.add(v.id)
 
@@ -324,7 +327,7 @@ def _along_b(em: _Emitter, w: Writer, step: T.TileStep):
             for op, ct, fn, ident in reds:
                 out = op.outputs[0]
                 w(f"sm{out.id}[a] = acc{out.id};")
-                for j, o in em.stores_of(out.id):
+                for j, o in em.stores_of(out.id, T.A):
                     em.store(w, j, o, f"acc{out.id}")
 
 
@@ -398,13 +401,13 @@ def _map(em: _Emitter, w: Writer, step: T.TileStep, axis: str, one_warp: bool = 
         body(f"for (int s = 0; s < SLICES; ++s) s{out.id} = {fn}(s{out.id}, {part}[s * TB + b]);")
         body(f"sm{out.id}[b] = s{out.id};")
         em.memo[out.id] = f"s{out.id}"  # for ops of this loop made from it (the array is read next epoch)
-        for j, o in em.stores_of(out.id):
+        for j, o in em.stores_of(out.id, T.B):
             em.store(body, j, o, f"s{out.id}")
     for op in step.ops:
         out = op.outputs[0]
         x = em.inline(em.plan.of(out))
         body(f"sm{out.id}[{var}] = {x};")
-        for j, o in em.stores_of(out.id):
+        for j, o in em.stores_of(out.id, axis):
             em.store(body, j, o, x)
     for o in step.stores:  # outputs along the axis that name an input, a register or a literal
         em.store(body, em.outputs.index(o), o, em.ref(o))
