@@ -24,13 +24,15 @@ import sys
 import time
 import traceback
 
+SHOWN = 15  # failing programs printed in full (all are in the records)
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 
 
-def run_worker(seed: int, count: int, out_path: str, target: str | None) -> None:
-    """Draws `count` programs from `seed` and writes one JSON record per program to `out_path`.
-    `target`: plan for that GPU (on a CPU, a dry run of this script: regions then run as XLA)."""
+def run_worker(seed: int, count: int, out_path: str, target: str | None, deadline: float) -> None:
+    """Draws `count` programs from `seed` and writes one JSON record per program to `out_path`,
+    until `deadline` (time.time()). `target`: plan for that GPU (on a CPU, a dry run of this
+    script: regions then run as XLA)."""
     import contextlib
 
     for var in ("JAXSTITCH_POISON", "JAXSTITCH_STRICT"):
@@ -53,6 +55,8 @@ def run_worker(seed: int, count: int, out_path: str, target: str | None) -> None
               suppress_health_check=list(HealthCheck))
     @given(programs(), st.booleans(), st.integers(0, 2 ** 31 - 1))
     def one(program, forced, data_seed):
+        if time.time() > deadline:
+            return
         rec = {"program": repr(program), "forced": forced, "seed": data_seed, "grad": program.grad,
                "rank": len(program.shape), "dtypes": list(program.inputs)}
         t0 = time.perf_counter()
@@ -81,7 +85,7 @@ def summarize(paths: list[str]) -> int:
     recs = [json.loads(line) for p in paths if os.path.exists(p) for line in open(p)]
     crashes = [r for r in recs if "crash" in r]
     mismatches = [r for r in recs if r.get("failures")]
-    for r in mismatches + crashes:
+    for r in (mismatches + crashes)[:SHOWN]:
         print("FAIL", "(forced)" if r["forced"] else "(default)", f"seed={r['seed']}")
         print("  " + r["program"].replace("\n", "\n  "))
         for line in r.get("failures", []) or [r.get("crash", "")]:
@@ -105,27 +109,36 @@ def main():
     ap.add_argument("--count", type=int, default=200)
     ap.add_argument("--workers", type=int, default=8, help="0: run in this process")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/jaxstitch_fuzz"))
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/jaxstitch_fuzz"), help="the merged records")
+    ap.add_argument("--work", default="/tmp/jaxstitch_fuzz_work", help="the workers' records")
+    ap.add_argument("--seconds", type=float, default=1e9, help="stop drawing programs after this long")
     ap.add_argument("--target", default=None, help="plan for this GPU (a dry run on a CPU)")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.work, exist_ok=True)
+    deadline = time.time() + args.seconds if args.worker is None else args.seconds
     if args.worker is not None or args.workers == 0:
         k = args.worker or 0
-        run_worker(args.seed * 1000 + k, args.count, os.path.join(args.out, f"fuzz_records_{k}.jsonl"), args.target)
+        run_worker(args.seed * 1000 + k, args.count, os.path.join(args.work, f"fuzz_records_{k}.jsonl"), args.target,
+                   deadline)
         if args.workers:
             return
-        sys.exit(summarize([os.path.join(args.out, f"fuzz_records_{k}.jsonl")]))
+        sys.exit(summarize([os.path.join(args.work, f"fuzz_records_{k}.jsonl")]))
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", JAXSTITCH_POISON="1", JAXSTITCH_STRICT="1",
                PYTHONUNBUFFERED="1")
     share = -(-args.count // args.workers)
+    for k in range(args.workers):  # (records of an earlier run)
+        if os.path.exists(os.path.join(args.work, f"fuzz_records_{k}.jsonl")):
+            os.remove(os.path.join(args.work, f"fuzz_records_{k}.jsonl"))
     target = ["--target", args.target] if args.target else []
     procs = [subprocess.Popen([sys.executable, __file__, "--worker", str(k), "--count", str(share),
-                               "--seed", str(args.seed), "--out", args.out, *target], env=env)
+                               "--seed", str(args.seed), "--out", args.out, "--work", args.work,
+                               "--seconds", str(deadline), *target], env=env)
              for k in range(args.workers)]
     for p in procs:
         p.wait()
-    paths = [os.path.join(args.out, f"fuzz_records_{k}.jsonl") for k in range(args.workers)]
+    paths = [os.path.join(args.work, f"fuzz_records_{k}.jsonl") for k in range(args.workers)]
     with open(os.path.join(args.out, "fuzz_records.jsonl"), "w") as f:
         for p in paths:
             if os.path.exists(p):
