@@ -62,6 +62,10 @@ class KernelPlan:
     # Staged row inputs needed only on a prefix of each row (a causal mask: plan/prefixes.py).
     prefixes: tuple[Prefix, ...] = ()
 
+    def __post_init__(self):
+        if self.mapping.cooperative and self.workspace_bytes <= 0:
+            raise ValueError("a cooperative kernel takes a workspace: workspace_bytes must be positive")
+
     @property
     def stage_bytes(self) -> int:
         return self.mapping.smem_bytes // max(1, self.mapping.stages)
@@ -214,7 +218,9 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
             for op in row_reductions:
                 splits.append(GridReduction(op.outputs[0].id, offset, 2 * mp.grid_cap))
                 offset += 2 * mp.grid_cap
-        ws = offset * 4 if mp.cooperative else 0
+        # (a cooperative kernel takes a workspace pointer even where nothing crosses blocks: rows
+        # split only for parallelism; without the buffer its launch lacked a parameter)
+        ws = max(offset * 4, 16) if mp.cooperative else 0
         xla_levels = cost.reduction_levels(place(sunk, frozenset())) if online or shifts else None
         kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits), online,
                             bool(tuning.fast_exp) and fast_exp(region), shifts, xla_levels, passes,
