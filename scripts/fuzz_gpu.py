@@ -70,7 +70,7 @@ def run_worker(seed: int, count: int, out_path: str, target: str | None, deadlin
             rec["stitched"] = sum(r.stitched for r in report.regions)
             integer = not program.floating
             ref = want if integer else reference(program, args)
-            rec["failures"] = check_against_jit(got, want, ref)
+            rec["failures"] = check_against_jit(got, want, ref, program.lossy)
         except Exception as e:  # noqa: BLE001 - a crash is a finding, recorded and counted
             rec["crash"] = f"{type(e).__name__}: {str(e)[:2000]}"
             rec["traceback"] = traceback.format_exc()[-4000:]

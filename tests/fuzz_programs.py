@@ -51,13 +51,28 @@ _DT = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16,
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Value:
-    """What the generator knows of a value: its shape, dtype, a bound on its magnitude, and whether
-    it is exact (an input, or computed from inputs without rounding), so discrete ops may read it."""
+    """What the generator knows of a value: its shape, dtype, a bound on its magnitude, and `prec`,
+    the coarsest rounding in its computation that two correct implementations may do differently
+    (None: exact, computed from the inputs by ops whose result is the same everywhere: views,
+    negation, max and min, selects, conversions)."""
 
     shape: tuple[int, ...]
     dtype: str
     bound: float
-    exact: bool
+    prec: str | None
+
+    @property
+    def exact(self) -> bool:
+        return self.prec is None
+
+
+_COARSENESS = {None: 0, "float32": 1, "float16": 2, "bfloat16": 3}
+
+
+def coarsest(*precs):
+    """The coarsest of precisions (dtype names or None; integer dtypes round nothing)."""
+    known = [p for p in precs if p in _COARSENESS]
+    return max(known, key=_COARSENESS.get) if known else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,9 +83,11 @@ class FuzzProgram:
     outputs: tuple[int, ...]
     grad: bool
     nan_inf: bool                    # inject NaN and Inf into the float inputs
+    lossy: str | None = None         # the coarsest rounding computed values went through (tolerance)
 
     def __repr__(self):
-        lines = [f"FuzzProgram(shape={self.shape}, inputs={self.inputs}, grad={self.grad}, nan_inf={self.nan_inf})"]
+        lines = [f"FuzzProgram(shape={self.shape}, inputs={self.inputs}, grad={self.grad}, nan_inf={self.nan_inf}, "
+                 f"lossy={self.lossy!r})"]
         n = len(self.inputs)
         lines += [f"  v{n + k} = {s[0]}{s[1:]}" for k, s in enumerate(self.steps)]
         lines.append(f"  out {', '.join(f'v{i}' for i in self.outputs)}")
@@ -219,31 +236,42 @@ def programs(draw, max_steps: int = 10, allow_empty: bool = True):
         inputs = (inputs[0],) * len(inputs)  # (one integer type: no promotion to 64 bits)
     else:
         inputs = tuple(draw(st.sampled_from(FLOATS)) for _ in range(draw(st.integers(1, 3))))
-    vals = [Value(shape=shape, dtype=d, bound=4.0 if d in FLOATS else 1000.0, exact=True) for d in inputs]
+    vals = [Value(shape=shape, dtype=d, bound=4.0 if d in FLOATS else 1000.0, prec=None) for d in inputs]
     steps: list[tuple] = []
     n = len(inputs)
+    grad = not integer and draw(st.booleans())
+    ctx = Ctx(integer=integer, grad=grad)
     for _ in range(draw(st.integers(1, max_steps))):
-        for step, value in _draw_step(draw, vals, integer):
+        for step, value in _draw_step(draw, vals, ctx):
             steps.append(step)
             if len(vals) < n + len(steps):  # (a squash before the op is in `vals` already)
                 vals.append(value)
     last = len(vals) - 1
     extra = draw(st.lists(st.integers(n, last), max_size=2, unique=True)) if last >= n else []
     outputs = tuple(dict.fromkeys([last] + extra))
-    grad = not integer and draw(st.booleans()) and any(_is_float(_DT[vals[i].dtype]) for i in outputs)
+    grad = grad and any(_is_float(_DT[vals[i].dtype]) for i in outputs)
     nan_inf = not integer and draw(st.integers(0, 3)) == 0
-    return FuzzProgram(shape=shape, inputs=inputs, steps=tuple(steps), outputs=outputs, grad=grad, nan_inf=nan_inf)
+    lossy = coarsest(*(v.prec for v in vals), *(v.dtype for v in vals[n:] if grad))
+    return FuzzProgram(shape=shape, inputs=inputs, steps=tuple(steps), outputs=outputs, grad=grad, nan_inf=nan_inf,
+                       lossy=lossy)
 
 
-def _draw_step(draw, vals: list[Value], integer: bool) -> list[tuple[tuple, Value]]:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Ctx:
+    integer: bool  # an integer program
+    grad: bool     # differentiated: ops whose gradient routes by comparisons read discrete operands
+
+
+def _draw_step(draw, vals: list[Value], ctx: Ctx) -> list[tuple[tuple, Value]]:
     """One op (sometimes with a `squash` before it), as [(step, value)]."""
+    integer = ctx.integer
     kinds = ["unary", "binary", "binary", "where", "reduce", "reduce", "scan", "roll", "slice", "pad",
              "concat", "transpose", "reshape", "convert", "mask", "argmax", "softmax"]
     if integer:
         kinds = ["binary", "binary", "where", "reduce", "scan", "roll", "slice", "pad", "concat", "transpose",
                  "reshape", "mask"]
     kind = draw(st.sampled_from(kinds))
-    return globals()[f"_step_{kind}"](draw, vals, integer) or _step_binary(draw, vals, integer) or []
+    return globals()[f"_step_{kind}"](draw, vals, ctx) or _step_binary(draw, vals, ctx) or []
 
 
 def _pick(draw, vals: list[Value], ok=lambda v: True) -> int | None:
@@ -256,7 +284,7 @@ def _squashed(draw, vals, i, new_bound, made) -> int:
     v = vals[i]
     if new_bound <= MAX_MAG or v.dtype not in FLOATS:
         return i
-    made.append((("unary", "squash", i), dataclasses.replace(v, bound=1.0, exact=False)))
+    made.append((("unary", "squash", i), dataclasses.replace(v, bound=1.0, prec=coarsest(v.prec, v.dtype))))
     vals.append(made[-1][1])
     return len(vals) - 1
 
@@ -265,7 +293,8 @@ def _float(v: Value) -> bool:
     return v.dtype in FLOATS
 
 
-def _step_unary(draw, vals, integer):
+def _step_unary(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, _float)
     if i is None:
         return None
@@ -278,7 +307,7 @@ def _step_unary(draw, vals, integer):
         bound = 1.0
     v = vals[i]
     made.append((("unary", kind, i), Value(shape=v.shape, dtype=v.dtype, bound=min(bound, MAX_MAG),
-                                          exact=v.exact and kind in ("neg", "abs"))))
+                                          prec=v.prec if kind in ("neg", "abs") else coarsest(v.prec, v.dtype))))
     return made
 
 
@@ -295,13 +324,16 @@ def _result_dtype(a: str, b: str) -> str:
     return jnp.result_type(_DT[a], _DT[b]).name
 
 
-def _step_binary(draw, vals, integer):
+def _step_binary(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, lambda v: (v.dtype in INTS) == integer and v.dtype != "bool")
     if i is None:
         return None
     j = _pick(draw, vals, lambda v: _broadcastable(v.shape, vals[i].shape) and (v.dtype in INTS) == integer
               and (not integer or v.dtype == vals[i].dtype))
     kind = draw(st.sampled_from(INT_BINARY if integer else BINARY))
+    if ctx.grad and kind in ("max", "min") and not (_discrete_operand(vals[i]) and _discrete_operand(vals[j])):
+        kind = "add"  # (its gradient picks an operand by comparing them)
     a, b = vals[i], vals[j]
     bound = {"add": a.bound + b.bound, "sub": a.bound + b.bound, "mul": a.bound * b.bound}.get(kind, max(a.bound, b.bound))
     made = []
@@ -311,18 +343,20 @@ def _step_binary(draw, vals, integer):
         bound = min(bound, 2.0)
     a, b = vals[i], vals[j]
     shape = np.broadcast_shapes(a.shape, b.shape)
-    exact = a.exact and b.exact and kind in ("max", "min")
-    made.append((("binary", kind, i, j), Value(shape=tuple(shape), dtype=_result_dtype(a.dtype, b.dtype),
-                                               bound=min(bound, MAX_MAG) if not integer else bound, exact=exact)))
+    dtype = _result_dtype(a.dtype, b.dtype)
+    prec = coarsest(a.prec, b.prec) if kind in ("max", "min") else coarsest(a.prec, b.prec, dtype)
+    made.append((("binary", kind, i, j), Value(shape=tuple(shape), dtype=dtype,
+                                               bound=min(bound, MAX_MAG) if not integer else bound, prec=prec)))
     return made
 
 
 def _discrete_operand(v: Value) -> bool:
-    """A value a compare may read: exact, or computed in float32 (see the module docstring)."""
-    return v.exact or v.dtype in ("float32",) + INTS
+    """A value a compare may read: exact, or rounded in float32 at the coarsest (see the module docstring)."""
+    return v.prec in (None, "float32")
 
 
-def _step_where(draw, vals, integer):
+def _step_where(draw, vals, ctx):
+    integer = ctx.integer
     a = _pick(draw, vals, lambda v: _discrete_operand(v) and (v.dtype in INTS) == integer)
     if a is None:
         return None
@@ -336,7 +370,7 @@ def _step_where(draw, vals, integer):
     f = _pick(draw, vals, lambda v: _broadcastable(v.shape, at) and v.dtype == vals[t].dtype)
     shape = tuple(np.broadcast_shapes(at, vals[f].shape))
     v = Value(shape=shape, dtype=vals[t].dtype, bound=max(vals[t].bound, vals[f].bound),
-              exact=vals[t].exact and vals[f].exact and vals[a].exact)
+              prec=coarsest(vals[t].prec, vals[f].prec, vals[a].prec))
     return [(("where", kind, a, b, t, f), v)]
 
 
@@ -344,13 +378,16 @@ def _axes(draw, rank: int) -> tuple[int, ...]:
     return tuple(sorted(draw(st.sets(st.integers(0, rank - 1), min_size=1, max_size=rank))))
 
 
-def _step_reduce(draw, vals, integer):
+def _step_reduce(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, lambda v: (v.dtype in INTS) == integer and v.dtype != "bool")
     if i is None:
         return None
     v = vals[i]
     axes = _axes(draw, len(v.shape))
     kind = draw(st.sampled_from(("sum", "max", "min") if integer else REDUCE))
+    if ctx.grad and kind in ("max", "min") and not _discrete_operand(v):
+        kind = "sum"  # (its gradient picks the elements equal to the maximum)
     count = math.prod(v.shape[a] for a in axes)
     made = []
     if kind in ("sum", "mean") and count == 0:
@@ -364,11 +401,13 @@ def _step_reduce(draw, vals, integer):
         tuple(n for d, n in enumerate(v.shape) if d not in axes)
     bound = vals[i].bound * (max(count, 1) if kind == "sum" else 1)
     made.append((("reduce", kind, i, axes, keepdims),
-                 Value(shape=shape, dtype=vals[i].dtype, bound=bound, exact=vals[i].exact and kind in ("max", "min"))))
+                 Value(shape=shape, dtype=vals[i].dtype, bound=bound,
+                       prec=vals[i].prec if kind in ("max", "min") else coarsest(vals[i].prec, vals[i].dtype))))
     return made
 
 
-def _step_argmax(draw, vals, integer):
+def _step_argmax(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, lambda v: v.exact and v.dtype in FLOATS and 0 not in v.shape)
     if i is None:
         return None
@@ -376,33 +415,39 @@ def _step_argmax(draw, vals, integer):
     shape = tuple(n for d, n in enumerate(vals[i].shape) if d != axis)
     if not shape:
         return None
-    return [(("argmax", i, axis), Value(shape=shape, dtype="float32", bound=float(vals[i].shape[axis]), exact=True))]
+    return [(("argmax", i, axis), Value(shape=shape, dtype="float32", bound=float(vals[i].shape[axis]), prec=None))]
 
 
-def _step_scan(draw, vals, integer):
+def _step_scan(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, lambda v: (v.dtype in INTS) == integer and len(v.shape) >= 1)
     if i is None:
         return None
     v = vals[i]
     axis = draw(st.integers(0, len(v.shape) - 1))
     kind = draw(st.sampled_from(("cumsum", "cummax")))
+    if ctx.grad and kind == "cummax" and not _discrete_operand(v):
+        kind = "cumsum"  # (its gradient picks the running maxima by comparing elements)
     made = []
     if kind == "cumsum" and not integer:
         i = _squashed(draw, vals, i, v.bound * v.shape[axis], made)
     bound = vals[i].bound * (v.shape[axis] if kind == "cumsum" else 1)
     made.append((("scan", kind, i, axis, draw(st.booleans())),
-                 Value(shape=v.shape, dtype=v.dtype, bound=bound, exact=vals[i].exact and kind == "cummax")))
+                 Value(shape=v.shape, dtype=v.dtype, bound=bound,
+                       prec=vals[i].prec if kind == "cummax" else coarsest(vals[i].prec, v.dtype))))
     return made
 
 
-def _step_roll(draw, vals, integer):
+def _step_roll(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, lambda v: (v.dtype in INTS) == integer)
     v = vals[i]
     axis = draw(st.integers(0, len(v.shape) - 1))
     return [(("roll", i, draw(st.integers(-5000, 5000)), axis), v)]
 
 
-def _step_slice(draw, vals, integer):
+def _step_slice(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, lambda v: (v.dtype in INTS) == integer and max(v.shape) > 1)
     if i is None:
         return None
@@ -414,7 +459,8 @@ def _step_slice(draw, vals, integer):
     return [(("slice", i, axis, start, stop), dataclasses.replace(v, shape=shape))]
 
 
-def _step_pad(draw, vals, integer):
+def _step_pad(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, lambda v: (v.dtype in INTS) == integer)
     v = vals[i]
     axis = draw(st.integers(0, len(v.shape) - 1))
@@ -426,7 +472,8 @@ def _step_pad(draw, vals, integer):
     return [(("pad", i, axis, lo, hi, fill), dataclasses.replace(v, shape=shape))]
 
 
-def _step_concat(draw, vals, integer):
+def _step_concat(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, lambda v: (v.dtype in INTS) == integer)
     v = vals[i]
     axis = draw(st.integers(0, len(v.shape) - 1))
@@ -436,10 +483,11 @@ def _step_concat(draw, vals, integer):
     if math.prod(shape) > MAX_ELEMS:
         return None
     return [(("concat", i, j, axis), Value(shape=shape, dtype=v.dtype, bound=max(v.bound, vals[j].bound),
-                                           exact=v.exact and vals[j].exact))]
+                                           prec=coarsest(v.prec, vals[j].prec)))]
 
 
-def _step_transpose(draw, vals, integer):
+def _step_transpose(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, lambda v: (v.dtype in INTS) == integer and len(v.shape) >= 2)
     if i is None:
         return None
@@ -448,7 +496,8 @@ def _step_transpose(draw, vals, integer):
     return [(("transpose", i, perm), dataclasses.replace(v, shape=tuple(v.shape[p] for p in perm)))]
 
 
-def _step_reshape(draw, vals, integer):
+def _step_reshape(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, lambda v: (v.dtype in INTS) == integer)
     v = vals[i]
     shape = list(v.shape)
@@ -465,7 +514,8 @@ def _step_reshape(draw, vals, integer):
     return [(("reshape", i, tuple(shape)), dataclasses.replace(v, shape=tuple(shape)))]
 
 
-def _step_convert(draw, vals, integer):
+def _step_convert(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, _float)
     if i is None:
         return None
@@ -473,7 +523,8 @@ def _step_convert(draw, vals, integer):
     return [(("convert", i, to), dataclasses.replace(vals[i], dtype=to))]  # (rounding is the same everywhere)
 
 
-def _step_mask(draw, vals, integer):
+def _step_mask(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, lambda v: (v.dtype in INTS) == integer and len(v.shape) >= 2)
     if i is None:
         return None
@@ -483,13 +534,14 @@ def _step_mask(draw, vals, integer):
     return [(("mask", i, a, b, fill), dataclasses.replace(v, bound=max(v.bound, abs(fill))))]
 
 
-def _step_softmax(draw, vals, integer):
+def _step_softmax(draw, vals, ctx):
+    integer = ctx.integer
     i = _pick(draw, vals, lambda v: _float(v) and 0 not in v.shape)
     if i is None:
         return None
     v = vals[i]
     axis = draw(st.integers(0, len(v.shape) - 1))
-    return [(("softmax", i, axis), Value(shape=v.shape, dtype=v.dtype, bound=1.0, exact=False))]
+    return [(("softmax", i, axis), Value(shape=v.shape, dtype=v.dtype, bound=1.0, prec=coarsest(v.prec, v.dtype)))]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -529,14 +581,18 @@ def fuzz_inputs(program: FuzzProgram, seed: int) -> list:
     return args
 
 
-RTOL = {"float32": 2e-5, "bfloat16": 2 ** -7, "float16": 2 ** -10, "float64": 1e-12}
+# Relative to an output's largest element, by the coarsest rounding its program computes with: four
+# units in the last place (our kernels compute half-precision values in float and round them where
+# stored, XLA after each native bfloat16/float16 op: they differ by a few units there).
+RTOL = {None: 1e-5, "float32": 1e-4, "float16": 4 * 2 ** -11, "bfloat16": 4 * 2 ** -8}
 
 
-def check_against_jit(got, want, ref) -> list[str]:
+def check_against_jit(got, want, ref, lossy: str | None = "float32") -> list[str]:
     """Mismatches of `got` (ours) against `want` (jax.jit), each output judged against `ref` (float64
     reference): NaN and Inf where jax.jit has them; integers equal; floats within a tolerance of the
-    reference: RTOL of the output dtype (relative to the output's largest finite reference element),
-    widened by twice jax.jit's own distance from it. Returns a line per failing output."""
+    reference: RTOL[lossy] (the program's coarsest rounding, FuzzProgram.lossy) of the output's
+    largest finite reference element, widened by twice jax.jit's own distance from it. Returns a
+    line per failing output."""
     failures = []
     for k, (g, w, r) in enumerate(zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want),
                                       jax.tree_util.tree_leaves(ref), strict=True)):
@@ -551,11 +607,11 @@ def check_against_jit(got, want, ref) -> list[str]:
             continue
         g64, w64, r64 = (np.asarray(x, dtype=np.float64) for x in (g, w, r))
         with np.errstate(invalid="ignore"):
-            failures += _float_failures(k, g64, w64, r64, g.dtype.name, g.size)
+            failures += _float_failures(k, g64, w64, r64, coarsest(lossy, g.dtype.name), g.size)
     return failures
 
 
-def _float_failures(k: int, g64, w64, r64, dtype: str, size: int) -> list[str]:
+def _float_failures(k: int, g64, w64, r64, lossy: str | None, size: int) -> list[str]:
     """check_against_jit's floating comparison of output `k` (all three as float64)."""
     failures = []
     for name, test in (("NaN", np.isnan), ("+Inf", np.isposinf), ("-Inf", np.isneginf)):
@@ -566,7 +622,7 @@ def _float_failures(k: int, g64, w64, r64, dtype: str, size: int) -> list[str]:
     if not finite.any():
         return failures
     scale = np.max(np.abs(r64[finite]))
-    tol = RTOL[dtype] * max(scale, 1e-6) + 2 * np.abs(w64 - r64)
+    tol = RTOL[lossy] * max(scale, 1e-6) + 2 * np.abs(w64 - r64)
     err = np.abs(g64 - r64)
     bad = finite & (err > tol)
     if bad.any():
