@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jaxstitch
-from fuzz_programs import argument_specs, programs
+from fuzz_programs import FuzzProgram, argument_specs, programs
 from strategies import force_stitching
 
 EXAMPLES = int(os.environ.get("JAXSTITCH_FUZZ_EXAMPLES", "300"))
@@ -67,3 +67,40 @@ def test_fuzz_inputs_are_fresh_and_poisoned_as_asked(seed):
     a2, _ = fuzz_inputs(program, seed + 10)
     assert not np.array_equal(np.asarray(a), np.asarray(a2))
     assert np.isnan(np.asarray(a)).any() or np.isinf(np.asarray(a)).any() or np.isnan(np.asarray(b, np.float32)).any()
+
+
+# Programs the GPU fuzzer found wrong (scripts/fuzz_gpu.py, H200), planned as by default: a size-1
+# output made in the row loop after a scan but declared a scalar was stored nowhere (its poisoned
+# NaN came back); codegen now stores it, and checks that every output is stored (UnwrittenOutput).
+FOUND_ON_THE_GPU = [
+    FuzzProgram(shape=(1, 4097), inputs=("bfloat16",), steps=(
+        ("reduce", "max", 0, (1,), True), ("reshape", 0, (1, 241, 17)), ("concat", 1, 1, 0), ("concat", 3, 1, 0),
+        ("mask", 3, 0, 1, -10000.0), ("scan", "cummax", 1, 0, False), ("mask", 3, 1, 0, 0.0),
+        ("binary", "min", 1, 6)), outputs=(8, 5), grad=False, nan_inf=False),
+    FuzzProgram(shape=(127,), inputs=("bfloat16", "bfloat16"), steps=(
+        ("reduce", "min", 0, (0,), True), ("scan", "cumsum", 2, 0, True), ("reduce", "mean", 3, (0,), True),
+        ("convert", 2, "bfloat16"), ("reduce", "min", 5, (0,), True), ("binary", "max", 6, 0), ("binary", "min", 0, 7),
+        ("binary", "add", 3, 0)), outputs=(9, 8), grad=True, nan_inf=False),
+    FuzzProgram(shape=(1,), inputs=("bfloat16",), steps=(
+        ("pad", 0, 0, 2, 3, 0.0), ("slice", 1, 0, 0, 3), ("scan", "cummax", 0, 0, False), ("binary", "min", 2, 0),
+        ("roll", 4, -1087, 0), ("scan", "cumsum", 0, 0, True), ("slice", 4, 0, 1, 1), ("concat", 3, 1, 0),
+        ("unary", "cos", 8), ("binary", "sub", 0, 6)), outputs=(10,), grad=False, nan_inf=True),
+]
+
+
+@pytest.mark.parametrize("k", range(len(FOUND_ON_THE_GPU)))
+def test_programs_found_on_the_gpu_store_every_output(k):
+    program = FOUND_ON_THE_GPU[k]
+    report = jaxstitch.explain(program.function(), *argument_specs(program), target="h200")
+    assert any(r.stitched for r in report.regions)  # (the kernel that stored nothing is still planned)
+
+
+def test_a_kernel_that_stores_an_output_nowhere_is_refused():
+    from jaxstitch.lowering import codegen
+    from jaxstitch.partition import Region
+    from jaxstitch import ir
+
+    out = ir.Value(1, (4,), "float32")
+    source = codegen.Source('extern "C" __global__ void k(const float* in0, float* out0) { }', "k", ())
+    with pytest.raises(codegen.UnwrittenOutput):
+        codegen._writing_every_output(source, Region(0, (), (ir.Value(0, (4,), "float32"),), (out,)))

@@ -7,6 +7,7 @@ inputs come through the stash (staging.py); grid-wide reductions finish after th
 from __future__ import annotations
 
 import dataclasses
+import re
 import string
 
 from .. import ir, ops as opdefs
@@ -154,11 +155,31 @@ def render(plan: KernelPlan | TilePlan | RemotePlan | ScanPlan) -> Source:
     RemotePlan as a multi-tensor kernel (remote_codegen.py), a ScanPlan as a persistent scan
     (scan_codegen.py)."""
     if isinstance(plan, TilePlan):
-        return tile_codegen.render(plan)
+        return _writing_every_output(tile_codegen.render(plan), plan.region)
     if isinstance(plan, RemotePlan):
         return Source(remote_codegen.render(plan), KERNEL_NAME, ("P",))
     if isinstance(plan, ScanPlan):
         return scan_codegen.render(plan)
+    return _writing_every_output(_render_rows(plan), plan.region)
+
+
+class UnwrittenOutput(AssertionError):
+    """A kernel's source stores nothing to one of its outputs: a code generation bug, which must
+    never run (the output would hold whatever memory held)."""
+
+
+def _writing_every_output(source: Source, region) -> Source:
+    """`source`, checked to name each output `out<j>` beyond its parameter: a size-1 output made in
+    the row loop but declared a scalar was once stored nowhere (random programs, H200)."""
+    body = source.code.split('extern "C"', 1)[-1]
+    for j, o in enumerate(region.outputs):
+        if len(re.findall(rf"\bout{j}\b", body)) < 2:
+            raise UnwrittenOutput(f"the kernel never stores output {j} ({o.shape} {o.dtype})")
+    return source
+
+
+def _render_rows(plan: KernelPlan) -> Source:
+    """A KernelPlan as a row-space kernel."""
     k = Kernel(plan)
     region, layout, m = plan.region, plan.layout, plan.mapping
     level = {p.value.id: p.level for p in layout.values}

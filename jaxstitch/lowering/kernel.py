@@ -460,6 +460,13 @@ class Kernel:
             st = STYPE[o.dtype]
             if where == "chunk" and p.declared == FULL:
                 self.store_array(w, o, j, "row_ok && ", "row * N_COLS + ROW_C0 + ")
+            elif p.declared in (COL, SCALAR) and p.storage == FULL:  # (made per element in the row loop)
+                if where == "chunk" and p.declared == COL:  # the row-0 tasks (every slice of row 0)
+                    with w.block("if (row == 0) {"):
+                        self.store_array(w, o, j, "", "ROW_C0 + ")
+                elif where == "chunk":  # row 0's first element
+                    w(f"if (row == 0 && lane == 0 && ROW_C0 == 0 && ch == 0) "
+                      f"out{j}[0] = js_io<{st}>::put({self.ref(o, '0', stored=True)});")
             elif where == "row" and p.declared == ROW:
                 w(f"if (row_ok && lane == 0 && ROW_C0 == 0) out{j}[row] = js_io<{st}>::put({self.ref(o, '0', stored=True)});")
             elif p.declared == COL and (where, self.chunked and p.storage == COL) in (("prologue", False), ("chunk", True)):
