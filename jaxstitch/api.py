@@ -4,19 +4,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import logging
 import operator
 import time
 from typing import Any, Callable
 
 import jax
 
-from . import config, families, report as report_mod, targets
+from . import config, fallback, families, report as report_mod, targets, trace as trace_mod
 from .kernels import cache, ffi, xla_kernel
 from .stitcher import Context, make_runner
-
-log = logging.getLogger("jaxstitch")
-_said_fallback = []
 
 
 def _check_fun(fun, who: str):
@@ -88,9 +84,15 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
     @functools.wraps(fun)
     def stitched(*args, **kwargs):
         dyn, static, tree = _split_dynamic(args, kwargs)
-        program = families.build_any(fun, dyn, tree, tgt, cfg, static)
-        donated = _donated_positions(args, kwargs, *donate)
-        outs = make_runner(program, Context(tgt, cfg), donated)(*dyn)
+        try:
+            program = families.build_any(fun, dyn, tree, tgt, cfg, static)
+            donated = _donated_positions(args, kwargs, *donate)
+            outs = make_runner(program, Context(tgt, cfg), donated)(*dyn)
+        except Exception as e:  # noqa: BLE001 - jaxstitch's own failure must not break the user's program
+            if cfg.strict or trace_mod.users_error(e):
+                raise
+            fallback.program_failed("planning", getattr(fun, "__qualname__", repr(fun)), e)
+            return fun(*args, **kwargs)
         return jax.tree_util.tree_unflatten(program.traced.out_tree, outs)
 
     return jax.jit(stitched, **jit_kwargs)

@@ -241,10 +241,29 @@ def trace(fun: Callable, flat_args: Sequence[Any], in_tree, static: dict | None 
     out_tree_box = []
     static = static or {}
     args, kwargs = _with_static_hidden(flat_args, in_tree, static)
-    closed = jax.make_jaxpr(_as_traced(fun, in_tree, static, out_tree_box))(*args, **kwargs)
+    try:
+        closed = jax.make_jaxpr(_as_traced(fun, in_tree, static, out_tree_box))(*args, **kwargs)
+    except Exception as e:  # the user's function failed: the user's error, raised as it is
+        _mark_as_users(e)
+        raise
     graph, eqns, consts, rewritten = _flatten(closed, scatters, wide_scatters, merge_products,
                                               batched_folds, product_concats, excess_precision)
     return Traced(graph, eqns, consts, out_tree_box[0], rewritten)
+
+
+_USERS = "_jaxstitch_users_error"
+
+
+def _mark_as_users(e: BaseException) -> None:
+    try:
+        setattr(e, _USERS, True)
+    except AttributeError:  # (an exception type without a __dict__ is never taken for ours)
+        pass
+
+
+def users_error(e: BaseException) -> bool:
+    """Whether `e` came out of tracing the user's function (not out of jaxstitch's own work)."""
+    return bool(getattr(e, _USERS, False))
 
 
 class _Static:
