@@ -1,0 +1,91 @@
+"""What the zoo's models share: the shape of a train step and of an inference step, and a few layers
+that several families use."""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import train_harness  # noqa: E402
+
+
+def train_step(loss):
+    """`step(graphdef, state, batch) -> (loss, new_state)` minimising `loss(model, batch)`, as the
+    repository's train examples have it (train_harness.nnx_train_step)."""
+    return train_harness.nnx_train_step(loss)
+
+
+def infer_step(evaluate):
+    """`step(graphdef, state, batch) -> (loss, predictions)` of a model alone (no optimizer): a
+    forward pass whose state is only read. The loss lets two compilers' outputs be compared as the
+    train steps' are; the predictions are what serving would return."""
+    def step(graphdef, state, batch):
+        return evaluate(nnx.merge(graphdef, state), batch)
+    return step
+
+
+def initializer(build):
+    """A function giving `(graphdef, state)` of the NNX objects `build()` makes, their arrays drawn by
+    one compiled program: a deep model's init op by op is thousands of small eager computations
+    (seconds on a CPU). Each call gives fresh arrays with the same values."""
+    graphdefs = []
+    # (on a CPU, XLA's backend optimisations make the init program's compile take most of its time)
+    cheap = {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+
+    @functools.partial(jax.jit, compiler_options=cheap)
+    def make_state():
+        graphdef, state = nnx.split(build())
+        graphdefs.append(graphdef)  # (traced once: the graph definition is static)
+        return state
+
+    def init():
+        state = make_state()
+        return graphdefs[-1], state
+
+    def abstract():
+        """(graphdef, the state's shapes and dtypes): enough to plan a step, nothing drawn."""
+        shapes = jax.eval_shape(make_state)
+        return graphdefs[-1], shapes
+
+    init.abstract = abstract
+    return init
+
+
+def train_init(build, tx: optax.GradientTransformation):
+    """The init of a train step: the model `build()` makes and its optimizer `tx` (over the
+    `nnx.Param`s), split together."""
+    def pair():
+        model = build()
+        return model, nnx.Optimizer(model, tx, wrt=nnx.Param)
+    return initializer(pair)
+
+
+def classify(logits, labels):
+    """(mean cross-entropy, argmax predictions) of float32 logits."""
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+    return loss, jnp.argmax(logits, axis=-1).astype(jnp.int32)
+
+
+def attention(q, k, v, bias=None, scale: float | None = None):
+    """Softmax attention over [batch, seq, heads, head] queries, keys and values; `bias` is added to
+    the float32 logits (a mask as -1e9 or learned position biases). The softmax runs in float32 and
+    its probabilities go back to the activations' dtype for the second product."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    logits = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32) * scale
+    if bias is not None:
+        logits = logits + bias
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+
+def count_params(state) -> int:
+    """Parameters in an NNX state (the model's `nnx.Param`s only, not optimizer or statistics)."""
+    params = nnx.state(state, nnx.Param) if not isinstance(state, nnx.State) else state.filter(nnx.Param)
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(params))
