@@ -193,7 +193,9 @@ _WRITTEN_OUT = {"random_bits": "threefry's integer ops: prng.py",
                 "transposed products folded": "the product written with its operands swapped: "
                                               "transposed_products.py",
                 "conversions to bfloat16 unrounded": "only arithmetic reads them, as XLA's excess "
-                                                     "precision: wide_converts.py"}
+                                                     "precision: wide_converts.py",
+                "floating conversion chains collapsed": "x.astype(bf16).astype(f32) is x, as XLA "
+                                                        "computes it: fp_conversions.py"}
 
 
 def make_report(program: Program, cache: Stats | None = None, symbolic: bool = False,

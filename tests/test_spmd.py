@@ -233,7 +233,7 @@ def test_data_parallel_bert_example(placements):
     assert ok, [(n, {k: v for k, v in ref.collectives.items() if v}, {k: v for k, v in ours.collectives.items() if v},
                  diff, ref.losses[-1], ours.losses[-1]) for n, ref, ours, diff, _ in rows]
     sharded = sum(p.sharded for p in placements)
-    assert sharded >= 40, (sharded, len(placements))
+    assert sharded >= 35, (sharded, len(placements))  # (38 of 113 now: a third, as before cse.py merged equal equations)
 
 
 def mlp_step(params, x, y):

@@ -342,7 +342,9 @@ def test_nnx_jit_updates_modules_and_optimizer_in_place_like_nnx_jit():
     _check_close(got_params, want_params, 1e-5)
 
 
-MIN_EXAMPLE_REGIONS = {"bert_train": 110, "gpt_train": 60, "dien_train": 100}  # 122, 70, 109 now
+# Stitched regions at the QUICK sizes: 115, 66, 96 now (equal equations merged first, cse.py: DIEN's
+# 105 regions of 824 ops were 96 of 797, the same ops computed once).
+MIN_EXAMPLE_REGIONS = {"bert_train": 105, "gpt_train": 60, "dien_train": 90}
 
 
 @pytest.mark.parametrize("example", list(MIN_EXAMPLE_REGIONS))

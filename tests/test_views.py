@@ -473,7 +473,7 @@ def test_a_concatenation_along_rows_loads_each_operand_in_its_own_rows_only(name
     monkeypatch.setenv("JAXSTITCH_DUMP_DIR", str(tmp_path))
     fun, specs = CASES[name]
     jaxstitch.explain(fun, *specs, target="h100")
-    sources = [p.read_text() for p in tmp_path.glob("*.cu")]
+    sources = [p.read_text() for p in tmp_path.rglob("*.cu")]
     assert sources
     assert any("_in = (unsigned long long)" in s for s in sources) == predicated
 
