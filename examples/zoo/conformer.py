@@ -1,4 +1,4 @@
-"""A Conformer encoder (Gulati et al. 2020, the Conformer-M widths) as a frame classifier.
+"""A Conformer encoder (Gulati et al. 2020; Conformer-M's widths, half its depth) as a frame classifier.
 
 Each block: a half-step feed-forward module (LayerNorm, 4x expansion, Swish), multi-head
 self-attention (LayerNorm first; padded frames masked out as keys), the convolution module
@@ -8,7 +8,7 @@ a final LayerNorm. The 80 filterbank features of each frame (already subsampled;
 front end) are projected in and get sinusoidal positions; the loss is a cross-entropy per valid frame
 against 256 classes. AdamW.
 
-16 blocks, hidden 256, 4 heads, feed-forward 1024, batch 16 x 512 frames.
+8 blocks, hidden 256, 4 heads, feed-forward 1024, batch 32 x 512 frames.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from . import common
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    blocks: int = 16
+    blocks: int = 8
     hidden: int = 256
     heads: int = 4
     ff: int = 1024
@@ -32,7 +32,7 @@ class Config:
     features: int = 80
     classes: int = 256
     seq: int = 512
-    batch: int = 16
+    batch: int = 32
     dtype: str = "float32"
 
 

@@ -1,4 +1,4 @@
-"""ConvNeXt (Liu et al. 2022), the ConvNeXt-T layout at 128x128 images.
+"""ConvNeXt (Liu et al. 2022): ConvNeXt-T's widths and two thirds of its depth, on 128x128 images.
 
 A 4x4 patchify stem, four stages of (2, 2, 6, 2) blocks at widths (96, 192, 384, 768) with a
 channels-last LayerNorm and a 2x2 strided convolution between stages. A block is a depthwise 7x7
