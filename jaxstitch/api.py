@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import jax
 
-from . import config, fallback, families, report as report_mod, targets, trace as trace_mod
+from . import build_times, config, fallback, families, progress, report as report_mod, targets, trace as trace_mod
 from .kernels import cache, ffi, xla_kernel
 from .stitcher import Context, make_runner
 
@@ -93,6 +93,8 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
                 raise
             fallback.program_failed("planning", getattr(fun, "__qualname__", repr(fun)), e)
             return fun(*args, **kwargs)
+        if not families.is_symbolic(dyn):  # (jax.export lowers a family; XLA compiles it per shape later)
+            build_times.expect_xla_compile(progress.name_of(fun), stitched.__name__, program.times)
         return jax.tree_util.tree_unflatten(program.traced.out_tree, outs)
 
     return jax.jit(stitched, **jit_kwargs)

@@ -24,7 +24,7 @@ import time
 import jax
 import numpy as np
 
-from . import ir, pipeline, progress, trace as trace_mod
+from . import build_times, ir, pipeline, progress, trace as trace_mod
 from .config import Config
 from .pipeline import Compiled, Program
 from .plan import KernelPlan, plan_region
@@ -89,7 +89,10 @@ def build_any(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict
     dimensions (jax.export)."""
     t0 = time.perf_counter()
     with progress.building(progress.name_of(fun), cfg.progress) as building:  # (its name names dumps too)
-        program = (build if is_symbolic(flat_args) else pipeline.build)(fun, flat_args, in_tree, target, cfg, static)
+        with build_times.measuring() as measured:
+            builder = build if is_symbolic(flat_args) else pipeline.build
+            program = builder(fun, flat_args, in_tree, target, cfg, static)
+        program = dataclasses.replace(program, times=measured.times())
         building.done(program)
     with _built_lock:
         _built["programs"] += 1
@@ -100,15 +103,16 @@ def build_any(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict
 def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
     """The program for symbolic `flat_args`: the symbolic trace, with the regions that form a family
     stitched and every other region left to XLA with the reason."""
-    traced = trace_mod.trace(fun, flat_args, in_tree, static, scatters=bool(cfg.tuning.scatters),
-                            wide_scatters=bool(cfg.tuning.wide_scatters),
-                            merge_products=bool(cfg.tuning.merge_products),
-                            batched_folds=cfg.tuning.batched_folds,
-                            product_concats=bool(cfg.tuning.product_concats),
-                            excess_precision=cfg.excess_precision)
-    # Both samples are staged (their kernels compiling meanwhile) before either is completed. The
-    # second takes the first's regions: a family's regions must be the same ops at both anyway.
-    first, second = (trace_mod.at_sizes(traced, functools.partial(_size, value=s)) for s in SAMPLES)
+    with build_times.stage("trace"):
+        traced = trace_mod.trace(fun, flat_args, in_tree, static, scatters=bool(cfg.tuning.scatters),
+                                 wide_scatters=bool(cfg.tuning.wide_scatters),
+                                 merge_products=bool(cfg.tuning.merge_products),
+                                 batched_folds=cfg.tuning.batched_folds,
+                                 product_concats=bool(cfg.tuning.product_concats),
+                                 excess_precision=cfg.excess_precision)
+        # Both samples are staged (their kernels compiling meanwhile) before either is completed. The
+        # second takes the first's regions: a family's regions must be the same ops at both anyway.
+        first, second = (trace_mod.at_sizes(traced, functools.partial(_size, value=s)) for s in SAMPLES)
     staged = [pipeline.stage(first, target, cfg)]
     staged.append(pipeline.stage(second, target, cfg, regions_of=staged[0].partition))
     plans = [pipeline.complete(st, target, cfg, bodies=False) for st in staged]
@@ -119,7 +123,8 @@ def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | N
         b = other.get(frozenset(op.index for op in a.plan.region.ops))
         member = _member(a, b, traced.graph.ops, symbolic)
         if member.stitched:
-            variants = _few_rows_variants(a, b, target, cfg)
+            with build_times.stage("plan"):
+                variants = _few_rows_variants(a, b, target, cfg)
             # (JAXSTITCH_TUNE's min_gain_pct: the cost model's verdict overridden, the kernel kept)
             xla_below = 0 if cfg.tuning.min_gain_pct is not None else _xla_below(a, variants, target)
             member = dataclasses.replace(member, xla_below=xla_below,

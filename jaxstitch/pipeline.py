@@ -7,7 +7,7 @@ import logging
 import os
 
 from . import ir, ops as opdefs, partition as partition_mod, trace as trace_mod, wide_converts
-from . import dumps, fallback, progress
+from . import build_times, dumps, fallback, progress
 from .config import Config
 from .kernels import cache, nvrtc
 from .lowering import codegen
@@ -60,6 +60,7 @@ class Program:
     target: Target
     # control-flow bodies, each planned as a program of its own: (equation index, body key, program)
     bodies: tuple[tuple[int, tuple[str, int], "Program"], ...] = ()
+    times: build_times.BuildTimes | None = None  # where the build's seconds went (families.build_any)
 
     @property
     def stitched(self) -> bool:
@@ -154,7 +155,8 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config) -> Compiled:
         return Compiled(plan, None, None, None, f"codegen: {e}")
     source = dumps.overridden(source, cfg.override_dir)  # (JAXSTITCH_OVERRIDE_DIR's hand-edited kernels)
     try:
-        key, cubin, res = cache.get_cubin(source.code, target.arch, cfg.cache_dir)
+        with build_times.stage("nvrtc"):  # (waiting on it: it runs in the background, see stage)
+            key, cubin, res = cache.get_cubin(source.code, target.arch, cfg.cache_dir)
     except nvrtc.CompileError as e:  # (our own source failing to compile is a jaxstitch bug)
         if cfg.strict:
             raise
@@ -244,12 +246,13 @@ def _plans_as_one_kernel(region) -> bool:
 
 
 def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
-    traced = trace_mod.trace(fun, flat_args, in_tree, static, scatters=bool(cfg.tuning.scatters),
-                            wide_scatters=bool(cfg.tuning.wide_scatters),
-                            merge_products=bool(cfg.tuning.merge_products),
-                            batched_folds=cfg.tuning.batched_folds,
-                            product_concats=bool(cfg.tuning.product_concats),
-                            excess_precision=cfg.excess_precision)
+    with build_times.stage("trace"):
+        traced = trace_mod.trace(fun, flat_args, in_tree, static, scatters=bool(cfg.tuning.scatters),
+                                 wide_scatters=bool(cfg.tuning.wide_scatters),
+                                 merge_products=bool(cfg.tuning.merge_products),
+                                 batched_folds=cfg.tuning.batched_folds,
+                                 product_concats=bool(cfg.tuning.product_concats),
+                                 excess_precision=cfg.excess_precision)
     return complete(stage(traced, target, cfg), target, cfg)
 
 
@@ -267,20 +270,22 @@ def stage(traced: trace_mod.Traced, target: Target, cfg: Config,
     on every region's first plan in the background (NVRTC releases the GIL): a program's kernels
     then compile side by side, and beside whatever is planned before `complete` (families.py plans
     a second sample meanwhile)."""
-    if cfg.tuning.wide_converts:
-        traced = widened(traced)
-    if regions_of is not None:
-        part = partition_mod.resized(regions_of, traced.graph)
-    else:
-        cuts = partition_mod.Cuts(at_reduced=not cfg.tuning.stitch, at_grid=not cfg.tuning.grid)
-        fits = functools.partial(_fits_one_kernel, strict=cfg.strict)
-        part = partition_mod.partition(traced.graph, fits=fits, cuts=cuts)
-        if cfg.tuning.recompute:
-            part = recompute_cheap_inputs(traced.graph, part, fits,
-                                          unread_writes=cfg.tuning.recompute >= 2,
-                                          leaf_chains=cfg.tuning.recompute >= 3)
-    for r in part.regions:
-        prefetch(r, target, cfg)
+    with build_times.stage("partition"):
+        if cfg.tuning.wide_converts:
+            traced = widened(traced)
+        if regions_of is not None:
+            part = partition_mod.resized(regions_of, traced.graph)
+        else:
+            cuts = partition_mod.Cuts(at_reduced=not cfg.tuning.stitch, at_grid=not cfg.tuning.grid)
+            fits = functools.partial(_fits_one_kernel, strict=cfg.strict)
+            part = partition_mod.partition(traced.graph, fits=fits, cuts=cuts)
+            if cfg.tuning.recompute:
+                part = recompute_cheap_inputs(traced.graph, part, fits,
+                                              unread_writes=cfg.tuning.recompute >= 2,
+                                              leaf_chains=cfg.tuning.recompute >= 3)
+    with build_times.stage("plan"):
+        for r in part.regions:
+            prefetch(r, target, cfg)
     return Staged(traced, part)
 
 
@@ -330,14 +335,17 @@ def _build(traced: trace_mod.Traced, target: Target, cfg: Config) -> Program:
 
 def _complete(staged: Staged, target: Target, cfg: Config, bodies: bool = True) -> Program:
     traced, part = staged.traced, staged.partition
-    regions = tuple(_compiled_or_xla(r, traced, target, cfg) for r in progress.planning(part.regions))
-    if cfg.tuning.remote:
-        regions = _or_unchanged(lambda: stitch_remote(traced.graph, regions, target, cfg), regions, "remote stitching", cfg)
-    scans = plan_scans(traced, 1 + max((c.plan.region.id for c in regions), default=0), target, cfg)
+    with build_times.stage("plan"):
+        regions = tuple(_compiled_or_xla(r, traced, target, cfg) for r in progress.planning(part.regions))
+        if cfg.tuning.remote:
+            regions = _or_unchanged(lambda: stitch_remote(traced.graph, regions, target, cfg), regions,
+                                    "remote stitching", cfg)
+        scans = plan_scans(traced, 1 + max((c.plan.region.id for c in regions), default=0), target, cfg)
     taken = {c.plan.region.ops[0].index for c in scans if c.stitched}
-    planned = tuple((i, key, _build(_trace_body(closed, cfg), target, cfg))
-                    for i, e in enumerate(traced.eqns if bodies else ()) if i not in taken
-                    for key, closed in trace_mod.bodies(e))
+    with build_times.apart("bodies"):
+        planned = tuple((i, key, _build(_trace_body(closed, cfg), target, cfg))
+                        for i, e in enumerate(traced.eqns if bodies else ()) if i not in taken
+                        for key, closed in trace_mod.bodies(e))
     return Program(traced, part, regions + scans, target, planned)
 
 

@@ -52,11 +52,13 @@ class _Build:
         regions = [c for _, c in program.all_regions()]
         stitched = sum(1 for c in regions if c.stitched)
         used = _since(self.stats, cache.stats())
+        times = getattr(program, "times", None)  # (build_times.BuildTimes: the seconds by stage)
         log.info("built %s in %.2f s: %d of %s stitched into %s; NVRTC: %s (%.2f s of CPU time, "
-                 "%.2f s of wall time); cubins: %d from the disk cache, %d from memory",
+                 "%.2f s of wall time); cubins: %d from the disk cache, %d from memory%s",
                  self.name, time.perf_counter() - self.start, stitched, counted(len(regions), "region"),
                  counted(stitched, "kernel"), counted(used.nvrtc_compiles, "compile"),
-                 used.nvrtc_seconds, used.nvrtc_busy_seconds, used.disk_hits, used.memory_hits)
+                 used.nvrtc_seconds, used.nvrtc_busy_seconds, used.disk_hits, used.memory_hits,
+                 f"; {times.stages_text()}" if times is not None else "")
 
 
 class _Counts:

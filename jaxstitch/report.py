@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import textwrap
 
+from .build_times import BuildTimes
 from .kernels import cache as cache_mod
 from .kernels.cache import Stats
 from .ops import REDUCTIONS, SCANS
@@ -55,6 +56,7 @@ class Report:
     # scatter-add into zeros (row_scatter.py).
     rewritten: tuple[tuple[str, int], ...] = ()
     xla_counts: tuple[int, ...] = ()       # equations behind each xla_ops pair, in its order (): not counted
+    times: BuildTimes | None = None        # the build's seconds by stage (build_times.py)
 
     @property
     def stitched_kernels(self) -> int:
@@ -89,6 +91,8 @@ class Report:
                 line += (f", NVRTC running for {min(c.nvrtc_busy_seconds, self.seconds):.2f} s of them "
                          f"({c.nvrtc_seconds:.2f} s of CPU time on up to {counted(cache_mod.THREADS, 'thread')})")
             lines.append(line)
+        if self.times is not None:  # (NVRTC: the time the build waited on it, beside planning)
+            lines += _wrapped("built in stages: " + self.times.stages_text(), "", "  ")
         return lines
 
     def _rewritten(self) -> list[str]:
@@ -225,7 +229,7 @@ def make_report(program: Program, cache: Stats | None = None, symbolic: bool = F
         for prim, n in p.traced.rewritten:
             rewritten[prim] = rewritten.get(prim, 0) + n
     return Report(program.target.name, tuple(regions), tuple(seen), cache, symbolic, seconds,
-                  tuple(sorted(rewritten.items())), xla_counts=tuple(seen.values()))
+                  tuple(sorted(rewritten.items())), xla_counts=tuple(seen.values()), times=program.times)
 
 
 def _described(kernel) -> str | None:
