@@ -81,7 +81,7 @@ def test_the_attention_backward_reads_dp_whole():
     for k in kernels:
         (p,) = k.prefixes
         (v,) = [v for v in k.region.inputs if v.id == p.value]
-        assert v.shape == (2, 4, 256, 256) and (p.stride, p.size, p.offset) == (1, 256, 0)
+        assert v.shape == (2, 4, 512, 512) and (p.stride, p.size, p.offset) == (1, 512, 0)
 
 
 def test_kept_share_of_a_causal_square():

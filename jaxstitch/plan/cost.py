@@ -81,6 +81,12 @@ XLA_INT_OPS_PER_SM_US = 120 * 16384 * 4096 / 425.9 / 132
 # 85% of XLA_ONE_PASS_EFFICIENCY about covers; they are not counted. ns an element per SM, the lower
 # of the two measurements.
 XLA_TRITON_SLOW_NS = {"erfc": 0.78}
+# XLA's GPU reduction emitter reduces a row in one kernel only up to 1024 threads x 16 elements (its
+# race-free bound, reduction_utils.cc); a longer row reduction is rewritten into two (a partial sum
+# per block of the row, then their sum), and is no hero that its readers fuse with. Each reduction
+# level then costs two kernels and a pass over the row: a layer norm forward over 64 rows of 262144
+# float32 ran as 7 XLA kernels at 44% of the roofline (H200, jax 0.11.2).
+XLA_RACE_FREE_ROW = 1024 * 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +192,10 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     triton_us = 0.0
     if row_levels == 0 and n_grid_reductions == 0:
         xla_kernels, xla_bytes, eff = 1, must_move, OUR_EFFICIENCY
+    elif layout.n_cols > XLA_RACE_FREE_ROW:
+        xla_kernels = 2 * row_levels + 1 + n_grid_reductions
+        xla_bytes = must_move + row_levels * full_in + n_grid_reductions * f32_full
+        eff = XLA_EFFICIENCY
     elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1 and views_after_reduction:
         xla_kernels, xla_bytes, eff = 2, must_move + full_in, XLA_EFFICIENCY
     elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1 and xla_unfused:

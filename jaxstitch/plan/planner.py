@@ -379,6 +379,13 @@ CUT_RESULT_FRACTION = 2e-4
 # forward (estimated 64.8 -> 30.8 us a layer at 128 tokens, 242.8 -> 115.1 at 512) took its step
 # from 19.56 to 19.33 ms at 128 tokens and from 25.07 to 24.21 at 512 (float32, H100, session 36).
 CUT_MIN_SAVING_US = 20.0
+# A region this small moves its bytes in about a microsecond: both sides are launches, and XLA fuses
+# small shapes more than the cost model assumes. Measured on an H200 (jax 0.11.2, GPU time): a layer
+# norm backward over 2 x 128 and DIEN's attention over 256 x 50 x 36, each one XLA kernel of
+# 1.2-2.7 us, ran 1.4-3.5 us stitched (0.78-0.86x). Stitched only where XLA is estimated to need
+# LAUNCH_BOUND_MIN_KERNELS kernels or more, which even our slowest such kernel beats.
+LAUNCH_BOUND_BYTES = 4 << 20
+LAUNCH_BOUND_MIN_KERNELS = 4
 
 
 def _cut_matters(region: Region, est: cost.Estimate) -> bool:
@@ -408,6 +415,9 @@ def _decline_reason(region: Region, est: cost.Estimate, min_gain: float, idle: s
         else:
             reason = (f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA: a predicted "
                       f"{est.speedup:.2f}x is below the {min_gain}x the cost model asks for (its error)")
+    if reason is None and est.bytes < LAUNCH_BOUND_BYTES and est.xla_kernels < LAUNCH_BOUND_MIN_KERNELS:
+        reason = (f"launch-bound: {est.bytes / 1e6:.2f} MB move in about a microsecond, where XLA's "
+                  f"{est.xla_kernels} kernel{'s' if est.xla_kernels > 1 else ''} measured as fast as one of ours")
     need = CUT_MIN_SAVING_US if tuning.cut_saving_us is None else tuning.cut_saving_us
     if reason is None and region.cut and _cut_matters(region, est) and est.xla_us - est.us < need:
         reason = (f"cut from a neighbouring region that cannot be planned with it (estimated {est.us:.1f} us "
