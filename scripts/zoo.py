@@ -91,7 +91,8 @@ _INSTR = re.compile(r"^\s+(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _SHAPE = re.compile(r"\b(pred|s4|s8|s16|s32|s64|u4|u8|u16|u32|u64|f8\w*|bf16|f16|f32|f64|c64|c128)\[([\d,]*)\]")
 _BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "bf16": 16, "f16": 16,
          "s32": 32, "u32": 32, "f32": 32, "s64": 64, "u64": 64, "f64": 64, "c64": 64, "c128": 128}
-_CALLS = re.compile(r"\b(?:calls|body|branch_computations|true_computation|false_computation)=(\{[^}]*\}|%?[\w.\-]+)")
+_CALLS = re.compile(r"\b(?:calls|to_apply|body|condition|branch_computations|true_computation|false_computation)="
+                    r"(\{[^}]*\}|%?[\w.\-]+)")
 _NO_KERNEL = {"parameter", "constant", "tuple", "get-tuple-element", "bitcast", "after-all", "add-dependency",
               "opt-barrier", "partition-id", "replica-id", "domain"}
 _CONTROL = {"call", "while", "conditional", "async-start"}

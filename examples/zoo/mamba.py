@@ -6,7 +6,8 @@ state h <- exp(dt_t[e] * A[e]) * h + dt_t[e] * x_t[e] * B_t, read out as y_t[e] 
 with dt, B and C computed from the input (softplus for dt). The other branch gates the result by SiLU
 before an output projection and the residual add. The scan runs in float32 whatever the activations,
 as Mamba's kernels do; its body is all elementwise work and a 16-wide sum per channel, one step at a
-time: a persistent kernel's territory. Tied embeddings, next-token cross-entropy, AdamW.
+time: the kind of recurrence jaxstitch's persistent scans are for. Tied embeddings, next-token
+cross-entropy, AdamW.
 
 2 layers, hidden 512 (scan width 1024, state 16), vocabulary 8192, batch 16 x 256 tokens.
 """
