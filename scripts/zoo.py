@@ -50,6 +50,7 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "examples"), HERE]  # (examples/ first: its zoo package, not this file)
+sys.path.append(os.path.join(HERE, ".."))  # (jaxstitch from this checkout where it is not installed)
 device_time = None
 if __name__ == "__main__" and not {"--target", "--table"} & set(sys.argv):
     try:  # torch's CUPTI profiler, imported before jax (their CUDA context is shared)
@@ -60,7 +61,7 @@ if __name__ == "__main__" and not {"--target", "--table"} & set(sys.argv):
 import jax  # noqa: E402
 
 import jaxstitch  # noqa: E402
-from jaxstitch.targets import TARGETS, detect, get_target  # noqa: E402
+from jaxstitch.targets import detect, get_target  # noqa: E402
 import zoo  # noqa: E402
 from zoo import common  # noqa: E402
 
