@@ -221,12 +221,12 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
             continue
         if estimate_rows(plan, n, target).us >= estimate_rows(a.plan, n, target).us:
             continue
-        for c in (a, b):  # every rung's NVRTC side by side (it releases the GIL)
-            pipeline.prefetch(c.plan.region, target, forced)
-        planned.append((n, k, per_sm, forced))
+        # every rung's NVRTC side by side (it releases the GIL); compile_region starts from these plans
+        firsts = [pipeline.prefetch(c.plan.region, target, forced) for c in (a, b)]
+        planned.append((n, k, per_sm, forced, firsts))
     rungs: dict[tuple[int, int], Rung] = {}
-    for n, k, per_sm, forced in planned:
-        va, vb = (pipeline.compile_region(c.plan.region, target, forced) for c in (a, b))
+    for n, k, per_sm, forced, firsts in planned:
+        va, vb = (pipeline.compile_region(c.plan.region, target, forced, f) for c, f in zip((a, b), firsts))
         why = _differs(va, vb) or (None if va.plan.kernel.mapping.splits > 1 else "not split")
         if why is not None:
             log.info("region %d: no variant over %d blocks a row (%s)", a.plan.region.id, k, why)
