@@ -226,7 +226,8 @@ def _few_rows_variants(a: Compiled, b: Compiled, target: Target, cfg: Config) ->
         planned.append((n, k, per_sm, forced, firsts))
     rungs: dict[tuple[int, int], Rung] = {}
     for n, k, per_sm, forced, firsts in planned:
-        va, vb = (pipeline.compile_region(c.plan.region, target, forced, f) for c, f in zip((a, b), firsts))
+        with pipeline.starting_from(firsts):
+            va, vb = (pipeline.compile_region(c.plan.region, target, forced) for c in (a, b))
         why = _differs(va, vb) or (None if va.plan.kernel.mapping.splits > 1 else "not split")
         if why is not None:
             log.info("region %d: no variant over %d blocks a row (%s)", a.plan.region.id, k, why)

@@ -1,6 +1,9 @@
 """The compiler pipeline, one pure stage after another: trace -> partition -> plan -> codegen -> NVRTC."""
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import logging
@@ -79,24 +82,58 @@ class Program:
             yield from body.all_regions(f"{where}/{label}" if where else label)
 
 
-def compile_region(region, target: Target, cfg: Config, first: tuple | None = None) -> Compiled:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FirstTry:
+    """compile_region's first try, made ahead: planned and rendered by prefetch (no source where the
+    plan is declined), and its Compiled where _compile_regions waited for the cubin."""
+
+    region: partition_mod.Region
+    target: Target
+    tuning: mapping_mod.Tuning  # what it was planned with
+    plan: RegionPlan
+    source: object = None       # codegen.Source
+    compiled: Compiled | None = None
+
+
+# id(region) -> FirstTry, for compile_region to start from (`starting_from`)
+_FIRST_TRIES: contextvars.ContextVar[dict | None] = contextvars.ContextVar("jaxstitch_first_tries", default=None)
+
+
+@contextlib.contextmanager
+def starting_from(tries):
+    """compile_region in the block starts from these first tries (FirstTry, or None: none made)."""
+    token = _FIRST_TRIES.set({id(t.region): t for t in tries if t is not None})
+    try:
+        yield
+    finally:
+        _FIRST_TRIES.reset(token)
+
+
+def _first_try_of(region, target: Target, tuning) -> FirstTry | None:
+    first = (_FIRST_TRIES.get() or {}).get(id(region))
+    if first is not None and first.region is region and first.target is target and first.tuning == tuning:
+        return first
+    return None
+
+
+def compile_region(region, target: Target, cfg: Config) -> Compiled:
     """Plan, render and compile; a kernel that spills is planned again with the register cap of its
     launch bounds lifted, then with fewer threads per row (more registers each). A chunked row's
     kernel that lifted its cap down to one block an SM is kept only if fewer threads per row spill
     too: alone on its SM, a block idles the SM at every barrier of its passes (nucleus sampling's
     filter over 32k float32 logits: 512 threads a row, one block an SM, 326 us; 256 threads a row
-    within the cap, 282 us on an H100). `first`: prefetch's (region, plan, source), the first try
-    planned and rendered already."""
+    within the cap, 282 us on an H100). The first try starts from a FirstTry where one was made
+    (`starting_from`)."""
     compiled, tried, seen, lone = None, [], set(), None
-    start = first if first is not None and first[0] is region else None
+    start = _first_try_of(region, target, dataclasses.replace(cfg.tuning, max_tpr=_tprs(cfg)[0]))
     for max_tpr in _tprs(cfg):
         for relaxed in (False, True):
             if start is not None:  # (max_tpr is _tprs(cfg)[0], not relaxed: what prefetch planned)
-                _, plan, source = start
+                plan, source, done = start.plan, start.source, start.compiled
                 start = None
             else:
-                plan, source = plan_region(region, target, dataclasses.replace(cfg.tuning, max_tpr=max_tpr),
-                                           relaxed), None
+                tuning = dataclasses.replace(cfg.tuning, max_tpr=max_tpr)
+                plan, source, done = plan_region(region, target, tuning, relaxed), None, None
             if compiled is not None and (plan.kernel is None or plan.kernel.mapping in seen):
                 continue  # nothing new to try here
             if plan.kernel is not None:
@@ -105,7 +142,7 @@ def compile_region(region, target: Target, cfg: Config, first: tuple | None = No
                 m = compiled.plan.kernel.mapping
                 tried.append(f"{m.name} (registers for {m.min_blocks} blocks of {m.block} per SM): "
                              f"spills with {compiled.registers} registers")
-            compiled = _compile_plan(plan, target, cfg, source)
+            compiled = done if done is not None else _compile_plan(plan, target, cfg, source)
             if compiled.spilled and not relaxed:
                 narrower = _narrower(region, target, cfg, compiled, max_tpr)
                 if narrower is not None:
@@ -310,7 +347,7 @@ class Staged:
 
     traced: trace_mod.Traced
     partition: partition_mod.Partition
-    # region id -> prefetch's (region, plan, source): compile_region's first try, not planned again
+    # region id -> prefetch's FirstTry: compile_region's first try, not planned again
     first: dict = dataclasses.field(default_factory=dict)
 
 
@@ -359,19 +396,19 @@ def widened(traced: trace_mod.Traced) -> trace_mod.Traced:
         dict(traced.rewritten, **{wide_converts.REPORTED: kept}).items())))
 
 
-def prefetch(region, target: Target, cfg: Config) -> tuple | None:
-    """What compile_region tries first, compiling in the background; returns (region, plan, source)
-    for compile_region to start from (source None where the plan is declined), None after an error
-    (compile_region plans again, meets it and reports it)."""
+def prefetch(region, target: Target, cfg: Config) -> FirstTry | None:
+    """What compile_region tries first, compiling in the background; returned for compile_region to
+    start from, None after an error (compile_region plans again, meets it and reports it)."""
+    tuning = dataclasses.replace(cfg.tuning, max_tpr=_tprs(cfg)[0])
     try:
-        plan = plan_region(region, target, dataclasses.replace(cfg.tuning, max_tpr=_tprs(cfg)[0]))
+        plan = plan_region(region, target, tuning)
         if not plan.stitched:
-            return region, plan, None
+            return FirstTry(region=region, target=target, tuning=tuning, plan=plan)
         source = codegen.render(plan.kernel)
     except Exception:  # noqa: BLE001 - (declined, or a bug that compile_region meets again and reports)
         return None
     cache.prefetch(source.code, target.arch, cfg.cache_dir)
-    return region, plan, source
+    return FirstTry(region=region, target=target, tuning=tuning, plan=plan, source=source)
 
 
 def _tprs(cfg: Config) -> list[int]:
@@ -387,8 +424,7 @@ def _build(traced: trace_mod.Traced, target: Target, cfg: Config) -> Program:
 def _complete(staged: Staged, target: Target, cfg: Config, bodies: bool = True) -> Program:
     traced, part = staged.traced, staged.partition
     with build_times.stage("plan"):
-        regions = tuple(_compiled_or_xla(r, traced, target, cfg, staged.first.get(r.id))
-                        for r in progress.planning(part.regions))
+        regions = _compile_regions(part.regions, traced, target, cfg, staged.first)
         if cfg.tuning.remote:
             regions = _or_unchanged(lambda: stitch_remote(traced.graph, regions, target, cfg), regions,
                                     "remote stitching", cfg)
@@ -401,12 +437,57 @@ def _complete(staged: Staged, target: Target, cfg: Config, bodies: bool = True) 
     return Program(traced, part, regions + scans, target, planned)
 
 
-def _compiled_or_xla(region, traced: trace_mod.Traced, target: Target, cfg: Config,
-                     first: tuple | None = None) -> Compiled:
+def _compile_regions(regions, traced: trace_mod.Traced, target: Target, cfg: Config,
+                     first: dict) -> tuple[Compiled, ...]:
+    """_compiled_or_xla of each region, in order, every first try waited for here. A region whose
+    first kernel spills goes on to its retries (compile_region) in a thread beside the regions
+    after it: one after another, BERT's cold build waited ~13 s on its 27 retries (~0.5 s of NVRTC
+    each, CPU machine), each started only once the loop reached its region; side by side they
+    overlap where cores are free. Regions whose first kernels are one source retry in turn, the
+    later ones finding the first one's cubins."""
+    out: list = []
+    chains: dict[str, concurrent.futures.Future] = {}
+    with starting_from(first.values()), \
+            concurrent.futures.ThreadPoolExecutor(cache.THREADS, thread_name_prefix="jaxstitch-retries") as pool:
+        tries = _FIRST_TRIES.get()
+        for r in progress.planning(regions):
+            f = tries.get(id(r))
+            done = _first_try(f, target, cfg) if f is not None and f.region is r else None
+            if done is not None:
+                tries[id(r)] = f = dataclasses.replace(f, compiled=done)
+            if done is None or not done.spilled:
+                out.append(_compiled_or_xla(r, traced, target, cfg))
+                continue
+            key = f.source.code
+            run = contextvars.copy_context().run  # (the first tries; build_times.unmeasured: no clock)
+            chains[key] = pool.submit(run, _after, chains.get(key), build_times.unmeasured, _compiled_or_xla,
+                                      r, traced, target, cfg)
+            out.append(chains[key])
+        with build_times.stage("nvrtc"):  # (the retries left: mostly NVRTC)
+            return tuple(c.result() if isinstance(c, concurrent.futures.Future) else c for c in out)
+
+
+def _first_try(first: FirstTry, target: Target, cfg: Config) -> Compiled | None:
+    """The first try compiled (waiting for its cubin); None after an error, which compile_region
+    meets again and reports (or raises)."""
+    try:
+        return _compile_plan(first.plan, target, cfg, first.source)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _after(before: concurrent.futures.Future | None, fn, *args):
+    """fn(*args) once `before` (if any) is done."""
+    if before is not None:
+        concurrent.futures.wait([before])
+    return fn(*args)
+
+
+def _compiled_or_xla(region, traced: trace_mod.Traced, target: Target, cfg: Config) -> Compiled:
     """compile_region, or after an internal error (a jaxstitch bug) the region left to XLA, with a
     warning naming it (fallback.py); JAXSTITCH_STRICT raises."""
     try:
-        return compile_region(region, target, cfg, first)
+        return compile_region(region, target, cfg)
     except Exception as e:  # noqa: BLE001 - a planner or codegen bug must leave the region to XLA
         if cfg.strict:
             raise

@@ -128,3 +128,24 @@ def test_family_compiles_per_shape_are_counted():
             call(jnp.ones((rows, 512), jnp.float32), w)
     ours = [(m, s) for m, s in seen if m == "jit(call)"]
     assert len(ours) == 2 and all(s > 0 for _, s in ours), seen
+
+
+@needs_nvrtc
+def test_a_region_is_planned_once_where_its_first_kernel_holds(monkeypatch):
+    """prefetch's plan and source are compile_region's first try: a region whose first kernel
+    compiles without spilling is planned and rendered once (partition's checks aside)."""
+    from jaxstitch import config, families, pipeline, trace as trace_mod
+    from jaxstitch.lowering import codegen
+
+    planned, rendered = [], []
+    plan_region, render = pipeline.plan_region, codegen.render
+    monkeypatch.setattr(pipeline, "plan_region", lambda r, *a, **k: planned.append(id(r)) or plan_region(r, *a, **k))
+    monkeypatch.setattr(codegen, "render", lambda k: rendered.append(id(k)) or render(k))
+    x, g = S((2048, 1024), jnp.bfloat16), S((1024,), jnp.bfloat16)  # (one region, stitched)
+    specs = [x, g, g, x]
+    program = families.build_any(layernorm_fwdbwd, specs, trace_mod.positional_tree(specs),
+                                 jaxstitch.get_target("h100"), config.load())
+    assert any(c.stitched for c in program.regions) and not any(c.tried for c in program.regions)
+    for c in program.regions:
+        assert planned.count(id(c.plan.region)) == 1, c.plan.region
+    assert len(rendered) == sum(c.source is not None for c in program.regions)
