@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not inst
 S = jax.ShapeDtypeStruct
 ARCH = "sm_90"
 TINY = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] += %d.0f; }\n'
-ROWS = (S((256, 1024), jnp.float32),)
+ROWS = (S((2048, 1024), jnp.float32),)  # (over 4 MB: not launch-bound, planner.LAUNCH_BOUND_BYTES)
 PAIR = ROWS * 2
 
 
