@@ -93,13 +93,20 @@ _DROPPED = object()
 
 
 def _comparable_params(eqn: Eqn) -> tuple | None:
-    """All of an equation's params in canonical form, or None where one has no such form (a jaxpr,
-    a callable): equations with such params are never taken for equal (cse.py)."""
+    """All of an equation's params in canonical form (or as themselves where they hash: a
+    NamedSharding), or None where one is a jaxpr, a callable or unhashable: equations with such
+    params are never taken for equal (cse.py)."""
     out = []
     for key in sorted(eqn.params):
         val = _canonical(eqn.params[key])
         if val is _DROPPED:
-            return None
+            val = eqn.params[key]  # (a sharding, under a mesh: compared as itself, where it hashes)
+            try:
+                hash(val)
+            except TypeError:
+                return None
+            if callable(val) or isinstance(val, (jcore.Jaxpr, jcore.ClosedJaxpr)):
+                return None
         out.append((key, val))
     return tuple(out)
 
