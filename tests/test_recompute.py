@@ -247,7 +247,7 @@ def test_the_attention_forward_writes_only_the_probabilities(monkeypatch, dtype)
     constant: _swaps_for_written) and the forward writes the probabilities alone (GPT bfloat16:
     1.2 GB less a step by the plan's bytes)."""
     specs = [S(s.shape, dtype) for s in ATTENTION_SPECS]
-    scores = (2, 4, 256, 256)
+    scores = (2, 4, 512, 512)
     forward, backward, producer = _softmax_regions(monkeypatch, "", specs)
     assert [o.shape for o in forward.outputs].count(scores) == 1, forward.outputs
     assert [producer[v.id] for v in backward.inputs if v.shape == scores] == ["dot_general"] * 2, backward.inputs
