@@ -199,7 +199,9 @@ _WRITTEN_OUT = {"random_bits": "threefry's integer ops: prng.py",
                 "conversions to bfloat16 unrounded": "only arithmetic reads them, as XLA's excess "
                                                      "precision: wide_converts.py",
                 "floating conversion chains collapsed": "x.astype(bf16).astype(f32) is x, as XLA "
-                                                        "computes it: fp_conversions.py"}
+                                                        "computes it: fp_conversions.py",
+                "products with a converted predicate as selects": "x * convert(p) is select(p, x, 0), as "
+                                                                  "XLA computes it: predicate_products.py"}
 
 
 def make_report(program: Program, cache: Stats | None = None, symbolic: bool = False,

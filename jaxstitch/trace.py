@@ -19,7 +19,8 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from . import batched_products, cse, fp_conversions, ir, merged_products, prng, row_scatter, transposed_products, wide_scatter
+from . import (batched_products, cse, fp_conversions, ir, merged_products, predicate_products, prng, row_scatter,
+               transposed_products, wide_scatter)
 
 _INLINED = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
             "custom_vjp_call_jaxpr", "checkpoint", "remat")
@@ -370,7 +371,8 @@ def _flatten(closed, scatters: bool = True, wide_scatters: bool = True,
              product_concats: bool = False, excess_precision: bool = True) -> tuple[ir.Graph, tuple[Eqn, ...], dict, tuple]:
     """A closed jaxpr as a graph over fresh values, its live equations, its captured constants and
     the equations written out (Traced.rewritten). With `excess_precision` (XLA's default on GPUs),
-    chains of floating conversions collapse as XLA collapses them (fp_conversions.py)."""
+    chains of floating conversions collapse as XLA collapses them (fp_conversions.py); products with
+    a converted predicate are the selects XLA makes of them (predicate_products.py)."""
     fl = _Flattener(scatters, wide_scatters)
     inputs = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
     outputs = fl.run(closed.jaxpr, closed.consts, inputs)
@@ -379,6 +381,9 @@ def _flatten(closed, scatters: bool = True, wide_scatters: bool = True,
         eqns, collapsed = fp_conversions.collapse(eqns)
         if collapsed:
             fl.rewritten[fp_conversions.REPORTED] = collapsed
+    eqns, selects = predicate_products.as_selects(eqns, lambda shape, dtype: ir.Value(next(fl.ids), shape, dtype))
+    if selects:
+        fl.rewritten[predicate_products.REPORTED] = selects
     eqns, outputs, _ = cse.merge_equal(eqns, outputs, _comparable_params)
     if batched_folds:
         eqns, folded = batched_products.fold_batched(
