@@ -27,6 +27,9 @@ class Region:
     cut: bool = False
     # Indices of ops recomputed here that also stay outside for their other consumers (recompute.py).
     recomputed: frozenset[int] = frozenset()
+    # Indices of this region's ops that another kernel (ours or XLA's) computes too: their
+    # half-precision results are rounded here as XLA rounds them, so the copies agree (recompute.py).
+    shared: frozenset[int] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,8 +42,20 @@ def recompute_cheap_inputs(graph: ir.Graph, part: Partition, fits: Callable[[Reg
     regions = tuple(_adopt_chains(r, producer, hidden, sole, fits, leaf_chains) for r in part.regions)
     if unread_writes:
         regions = tuple(_adopt_shared_leaves(r, producer, hidden, sole, fits) for r in regions)
-    return dataclasses.replace(part, regions=_drop_unread(graph, _export_leaves(regions), producer, unread_writes,
-                                                          leaf_chains))
+    regions = _drop_unread(graph, _export_leaves(regions), producer, unread_writes, leaf_chains)
+    return dataclasses.replace(part, regions=_marked_shared(regions))
+
+
+def _marked_shared(regions) -> tuple[Region, ...]:
+    """Each region with its ops that another kernel computes too (Region.shared): a recomputed op's
+    copies and its original. XLA rounds each half-precision result; a copy of ours that kept it in
+    float broke `x - max(x)` at the maximum: a float16 softmax over `x * x` recomputed the product
+    unrounded and subtracted the maximum XLA found among the rounded ones, and its largest element
+    came out `exp(0.0039)`, 0.4% off (H200). Rounded, the copies of correctly rounded arithmetic
+    (add, sub, mul, div, sqrt) are XLA's to the bit."""
+    copied = frozenset().union(*(r.recomputed for r in regions))
+    return tuple(dataclasses.replace(r, shared=frozenset(op.index for op in r.ops if op.index in copied))
+                 for r in regions)
 
 
 def _outside(graph: ir.Graph, regions) -> list[ir.Op]:

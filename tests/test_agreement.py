@@ -11,6 +11,8 @@ Also here: `jnp.roll`'s NumPy-integer params, which crashed planning.
 """
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,7 +20,7 @@ import pytest
 from jax import lax
 
 import jaxstitch
-from jaxstitch import config, fp_conversions, pinned_values, pipeline, trace as trace_mod
+from jaxstitch import config, fp_conversions, pinned_values, pipeline, predicate_products, trace as trace_mod
 
 S = jax.ShapeDtypeStruct
 
@@ -118,6 +120,61 @@ def test_pinned_values_are_the_shared_rounded_ancestors_of_a_compare():
     closed = jax.make_jaxpr(lambda x: jnp.where(-x == jnp.max(-x, axis=1, keepdims=True), 1.0, 0.0))(
         jnp.zeros((4, 8), jnp.float32))
     assert pinned_values.pinned(trace_mod.from_closed(closed).graph) == frozenset()
+
+
+def _found_on_the_gpu_softmax_of_a_product():
+    """A float16 program whose last kernel recomputed `x * x` unrounded and subtracted the maximum
+    XLA had found among the rounded products (H200)."""
+    from fuzz_programs import FuzzProgram
+
+    return FuzzProgram(shape=(3, 64, 3, 3), inputs=("float16",), steps=(
+        ("binary", "mul", 0, 0), ("binary", "div", 1, 1), ("roll", 0, -289, 2), ("mask", 1, 3, 2, 0.0),
+        ("reduce", "max", 3, (1, 2, 3), False), ("roll", 5, -2191, 0), ("unary", "squash", 1),
+        ("reduce", "sum", 7, (0, 1, 2, 3), True), ("scan", "cumsum", 2, 2, False), ("softmax", 1, 1)),
+        outputs=(10, 5), grad=False, nan_inf=False)
+
+
+def test_ops_computed_in_two_kernels_round_half_results_as_xla():
+    """Every copy of a recomputed op, and its original, is marked shared; each stitched kernel
+    computing the float16 product rounds it (js_round_f16), as XLA does, so `x*x - max(x*x)` is 0 at
+    the maximum in every kernel."""
+    from strategies import force_stitching
+
+    program = _found_on_the_gpu_softmax_of_a_product()
+    with force_stitching():
+        built = _program(program.function(), S(program.shape, jnp.float16))
+    (mul,) = [op for op in built.traced.graph.ops if op.prim == "mul"]
+    holding = [c for c in built.regions if mul in c.plan.region.ops]
+    assert any(mul.index in c.plan.region.recomputed for c in holding)
+    assert all(mul.index in c.plan.region.shared for c in holding)
+    sources = [c.source for c in holding if c.stitched]
+    product = re.compile(rf"\bv{mul.outputs[0].id}(\[e\])? = js_round_f16\(")
+    assert sources and all(product.search(code) for code in sources), sources
+
+
+def test_ops_computed_once_keep_float():
+    """A float16 softmax in one kernel computes its product once: nothing shared, nothing rounded
+    before the store."""
+    built = _program(lambda x: jax.nn.softmax(x * x, axis=1), S((4096, 512), jnp.float16))
+    assert all(not c.plan.region.shared for c in built.regions)
+
+
+def test_a_product_with_a_converted_predicate_is_xlas_select():
+    """The gradient of a maximum multiplies by `x == max(x)` converted: where the maximum is NaN,
+    jax.jit (XLA's select) gives 0, the product as written `inf * 0`. The traced equations, bound
+    one by one outside jit (no XLA rewrite), give jax.jit's values."""
+    x = jnp.array([1.0, jnp.nan, -2.0, 3.0], jnp.float32)
+    f = jax.grad(lambda x: jnp.max(jnp.mean(x, keepdims=True)))
+    closed = jax.make_jaxpr(f)(x)
+    traced = trace_mod.from_closed(closed)
+    assert dict(traced.rewritten).get(predicate_products.REPORTED) == 1
+    (got,) = trace_mod.evaluate(traced.eqns, traced.graph.inputs, [x], traced.graph.outputs, traced.consts)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.jit(f)(x)))
+    # half precision alike (as XLA on an H200); integers stay products
+    closed = jax.make_jaxpr(lambda x, p: p.astype(jnp.bfloat16) * x)(x.astype(jnp.bfloat16), x > 0)
+    assert dict(trace_mod.from_closed(closed).rewritten).get(predicate_products.REPORTED) == 1
+    closed = jax.make_jaxpr(lambda x, p: x * p.astype(jnp.int32))(x.astype(jnp.int32), x > 0)
+    assert predicate_products.REPORTED not in dict(trace_mod.from_closed(closed).rewritten)
 
 
 @pytest.mark.parametrize("shape,shift,axis", [((8192,), 3937, 0), ((1, 1, 1), 22, 1), ((4, 6), -2, 1)])

@@ -236,6 +236,16 @@ def as_stored(a: ir.Atom, expr: str) -> str:
     return f"{ROUND[half]}({expr})"
 
 
+def as_xla_rounds(op: ir.Op, expr: str, shared: frozenset[int]) -> str:
+    """`expr`, `op`'s result, rounded to its half-precision type where another kernel computes `op`
+    too (Region.shared), as XLA rounds it; else as it is (computed in float). A conversion that
+    wide_converts.py keeps in float stays so: XLA keeps it too."""
+    half = op.outputs[0].dtype if op.outputs else None
+    if op.index not in shared or half not in ROUND or op.param("keep_float") or _is_call(expr, ROUND[half]):
+        return expr
+    return f"{ROUND[half]}({expr})"
+
+
 def _is_call(expr: str, fn: str) -> bool:
     """Whether `expr` is one call of `fn` as a whole (not `fn(a) + b`)."""
     if not (expr.startswith(fn + "(") and expr.endswith(")")):

@@ -16,7 +16,7 @@ from .. import ir, ops as opdefs
 from ..plan import KernelPlan
 from ..plan.layout import COL, EPILOGUE, FULL, GATHER, PAIR_HALF, PAIR_SWAP, ROW, SCALAR, row_axes
 from ..plan.views import merged_axes
-from .cuda_ops import (CTYPE, SCAN, STYPE, as_written, bool_factor, expression, literal, rounded_float,
+from .cuda_ops import (CTYPE, SCAN, STYPE, as_written, as_xla_rounds, bool_factor, expression, literal, rounded_float,
                        select_product, written_half)
 
 KERNEL_NAME = "jaxstitch_kernel"
@@ -195,6 +195,7 @@ class Kernel:
             expr = f"js_div_by({args[0]}, {args[1]})"
         else:
             expr = self.column_compare(op) or self.predicate_product(op, args) or self.expr(op, args)
+        expr = as_xla_rounds(op, expr, self.plan.region.shared)
         if (src := rounded_float(op)) is not None:
             self.rounded_from[out.id] = src
         if self.is_array(out):

@@ -12,7 +12,7 @@ from .. import ir, ops as opdefs
 from ..partition import Region
 from ..plan.layout import Unplannable
 from ..plan.remote import RemotePlan
-from .cuda_ops import CTYPE, EXPR, STYPE, as_written, layout_root, literal, written_half
+from .cuda_ops import CTYPE, EXPR, STYPE, as_written, as_xla_rounds, layout_root, literal, written_half
 from .kernel import KERNEL_NAME, Writer, template
 
 
@@ -67,7 +67,7 @@ class _Body:
     def expr(self, op: ir.Op) -> str:
         if op.prim not in EXPR or len(op.outputs) != 1:
             raise Unplannable(f"{op.prim} has no C expression")
-        return EXPR[op.prim](op, [self.ref(a) for a in op.inputs])
+        return as_xla_rounds(op, EXPR[op.prim](op, [self.ref(a) for a in op.inputs]), self.region.shared)
 
     def elements(self, w: Writer, width: str, at: str):
         """The member's work on elements [at, at + width)."""

@@ -17,7 +17,7 @@ import string
 from .. import ir, ops as opdefs
 from ..plan import tile as T
 from ..plan.layout import Unplannable
-from .cuda_ops import (CTYPE, REDUCE, STYPE, as_written, bool_factor, expression, literal, rounded_float,
+from .cuda_ops import (CTYPE, REDUCE, STYPE, as_written, as_xla_rounds, bool_factor, expression, literal, rounded_float,
                        select_product, written_half)
 from .kernel import KERNEL_NAME, Writer, template
 
@@ -117,7 +117,8 @@ class _Emitter:
             i, pred = found
             other = self.ref(op.inputs[1 - i])  # (first: ref may compute an inline value)
             return select_product(self.ref(pred), other, self.ctype(out))
-        return expression(op, [self.ref(a) for a in op.inputs], self.plan.fast_exp)
+        return as_xla_rounds(op, expression(op, [self.ref(a) for a in op.inputs], self.plan.fast_exp),
+                             self.plan.region.shared)
 
     def length(self, axis: str) -> int:
         return {T.A: self.plan.mapping.tile_a, T.B: self.plan.mapping.tile_b}[axis]

@@ -166,7 +166,8 @@ def plan_remote(members: list[Region], rid: int, target: Target, spent: frozense
     position.update({v.id: len(inputs) + j for j, v in enumerate(outputs)})
     ops = tuple(sorted((op for r in members for op in r.ops), key=lambda op: op.index))
     region = Region(rid, ops, tuple(inputs.values()), tuple(outputs),
-                    recomputed=frozenset().union(*(r.recomputed for r in members)))
+                    recomputed=frozenset().union(*(r.recomputed for r in members)),
+                    shared=frozenset().union(*(r.shared for r in members)))
 
     itemsize = max(v.itemsize for r in members for v in (*r.inputs, *r.outputs) if v.size > 1)
     vec = max(1, 16 // itemsize)
