@@ -344,7 +344,10 @@ def _step_binary(draw, vals, ctx):
     a, b = vals[i], vals[j]
     shape = np.broadcast_shapes(a.shape, b.shape)
     dtype = _result_dtype(a.dtype, b.dtype)
-    prec = coarsest(a.prec, b.prec) if kind in ("max", "min") else coarsest(a.prec, b.prec, dtype)
+    # (a division's divisor, 1 + |b|, is computed in b's own dtype: XLA rounds it there, our kernels
+    # need not)
+    prec = coarsest(a.prec, b.prec) if kind in ("max", "min") else \
+        coarsest(a.prec, b.prec, dtype, b.dtype if kind == "div" else None)
     made.append((("binary", kind, i, j), Value(shape=tuple(shape), dtype=dtype,
                                                bound=min(bound, MAX_MAG) if not integer else bound, prec=prec)))
     return made
