@@ -316,7 +316,8 @@ def test_stage_rings_match_xla(monkeypatch, name, dtype, shape, stages):
     """JAXSTITCH_TUNE=stages=3 or 4: row groups loaded through a ring of that many async-copy
     buffers (STAGES - 1 groups in flight, lowering/codegen.py) give jax.jit's results."""
     monkeypatch.setenv("JAXSTITCH_TUNE", f"stages={stages}")
-    report = check_workload(name, dtype, shape, forced=True)
+    with force_stitching():  # (37 x 1024 is launch-bound: the cost model leaves it to XLA)
+        report = check_workload(name, dtype, shape, forced=True)
     assert any(f"{stages}-stage" in (r.mapping or "") for r in report.regions if r.stitched), str(report)
 
 
@@ -328,9 +329,13 @@ def test_launches_outside_command_buffers_match_xla(monkeypatch, name):
     compiled program calls only that target."""
     monkeypatch.setenv("JAXSTITCH_TUNE", "cmd_buffers=0")
     shape = tuple(WORKLOADS[name].quick_shape)
-    check_workload(name, "bfloat16", shape, forced=False)
-    args = workload_inputs(name, "bfloat16", shape, 0)
-    text = jaxstitch.jit(WORKLOADS[name].fn).lower(*args).compile().as_text()
+    # (DIEN's attention at its quick shape in bfloat16 is launch-bound: forced; the others as planned,
+    # adamw_bert's updates as one remote kernel)
+    forced = name == "dien_attention_fwdbwd"
+    with force_stitching() if forced else contextlib.nullcontext():
+        check_workload(name, "bfloat16", shape, forced=forced)
+        args = workload_inputs(name, "bfloat16", shape, 0)
+        text = jaxstitch.jit(WORKLOADS[name].fn).lower(*args).compile().as_text()
     assert ffi.TARGET_PLAIN in text and f'"{ffi.TARGET}"' not in text, name
 
 
@@ -355,7 +360,8 @@ def test_xla_kernel_calls_match_xla(monkeypatch, name, dtype):
     args = workload_inputs(name, dtype, shape, seed)
     what = _msg(f"{name} {dtype} {shape} as XLA kernel calls", seed)
     precision = "float32" if name in FULL_PRECISION else None  # (as check_workload's)
-    with jax.default_matmul_precision(precision):
+    # (forced: at the quick shapes in bfloat16 some regions are launch-bound, left to XLA)
+    with jax.default_matmul_precision(precision), force_stitching():
         compiled = jaxstitch.jit(fn).lower(*args).compile()
     assert xla_kernel.TARGET in compiled.as_text(), what
     out_bytes = sum(o.size * o.dtype.itemsize for o in jax.tree.leaves(jax.eval_shape(fn, *args)))
@@ -527,10 +533,12 @@ def test_updates_of_column_sums_match_xla(dtype):
     args += [jnp.asarray(rng.standard_normal(777) * s, dt) for s in (0.1, 1.0, 1.0) * 2]
     args[2], args[5] = jnp.abs(args[2]), jnp.abs(args[5])  # second moments are not negative
     what = _msg(f"column sums then Adam {dtype}", seed)
-    report = jaxstitch.explain(bias_grads_then_adam, *args)
-    assert [r.scheme for r in report.regions if r.stitched] == ["global", "remote"], str(report)
-    want = jax.block_until_ready(jax.jit(bias_grads_then_adam)(*args))
-    _, got = run_stitched(bias_grads_then_adam, args, what)
+    # (the sums forced: 3 MB in bfloat16 are launch-bound; the updates stay the cost model's)
+    with force_stitching(lambda region: any(op.prim == "reduce_sum" for op in region.ops)):
+        report = jaxstitch.explain(bias_grads_then_adam, *args)
+        assert [r.scheme for r in report.regions if r.stitched] == ["global", "remote"], str(report)
+        want = jax.block_until_ready(jax.jit(bias_grads_then_adam)(*args))
+        _, got = run_stitched(bias_grads_then_adam, args, what)
     for i, (a, c) in enumerate(zip(jax.tree.leaves(got), jax.tree.leaves(want))):
         compare(a, c, f"{what} output {i}")
 
