@@ -9,6 +9,8 @@
 * The whole session uses a fresh temporary JAXSTITCH_CACHE_DIR, so tests never read or write the user's
   kernel cache; JAXSTITCH_DISABLE and JAXSTITCH_DUMP_DIR from the caller's environment are cleared (tests
   that want them set them with monkeypatch).
+* Under pytest-xdist (`-n 2`, the README's command) each worker allocates GPU memory as it goes
+  (XLA_PYTHON_CLIENT_PREALLOCATE=false): two processes that each took XLA's default 75% would not fit.
 * JAXSTITCH_STRICT=1: an internal error in planning, code generation or NVRTC raises (a user gets the
   region left to XLA with a warning), so that such bugs fail the tests.
 """
@@ -27,6 +29,9 @@ if TESTS_DIR not in sys.path:  # `import strategies` from the test modules
 HOST_DEVICES = "--xla_force_host_platform_device_count=4"
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + HOST_DEVICES).strip()
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 GPU_SKIP_REASON = "needs an NVIDIA GPU"
 _ENV_CLEARED = ("JAXSTITCH_DISABLE", "JAXSTITCH_DUMP_DIR")
