@@ -458,15 +458,15 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[dict]:
     """The command line; returns the records (a test calls this with --target on a CPU)."""
     args = arguments(argv)
-    if not args.keep_cache:  # jaxstitch's first build compiles every kernel: a cold cache
-        os.environ["JAXSTITCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="zoo_cubins_")
-    if args.table:
+    if args.table:  # (compiles nothing: the cache is left as it is)
         records = [rec for path in args.table for rec in json.load(open(path))]
         for rec in records:
             if "error" not in rec:
                 print_record(rec)
         print_table(records)
         return records
+    if not args.keep_cache:  # jaxstitch's first build compiles every kernel: a cold cache
+        os.environ["JAXSTITCH_CACHE_DIR"] = tempfile.mkdtemp(prefix="zoo_cubins_")
     target = get_target(args.target) if args.target else detect()
     if target is None:
         sys.exit("no CUDA GPU here: pass --target (e.g. --target h100) for a dry run")
