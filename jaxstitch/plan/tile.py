@@ -84,10 +84,14 @@ MIN_TEAM_WARPS = 16
 # 70% float32, 37% bfloat16 (bound by instruction issue, not memory: both take ~110-117 us).
 TILE_EFFICIENCY = 0.6
 # XLA's kernels that reduce small tiles along their first (middle) axis reach about a third of the
-# bandwidth: DIEN's attention fwd+bwd, 6 kernels, 378 us on an H100 (359 us on an H200) where this
-# model's passes move 354 MB (31% of the H100's bandwidth). Passes without such a reduction are
-# row reductions XLA runs well (cost.XLA_EFFICIENCY).
+# bandwidth where the tile's b axis does not fill XLA's column-reduction tiles, XLA_COLUMN_TILE
+# wide: DIEN's attention fwd+bwd (b = 36), 6 kernels, 378 us on an H100 (359 us on an H200) where
+# this model's passes move 354 MB (31% of the H100's bandwidth). Where b is a multiple of it XLA
+# runs them as well as row reductions (cost.XLA_EFFICIENCY): an attention pooling over 4096 x 100 x
+# 64 (a softmax over the 100, then the weighted sum of the 100 rows of 64), one XLA kernel at 98% of
+# the roofline (H200, jax 0.11.2). Passes without such a reduction are row reductions XLA runs well.
 XLA_MIDDLE_AXIS_EFFICIENCY = 0.35
+XLA_COLUMN_TILE = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -779,5 +783,7 @@ def estimate(plan: TilePlan, target: Target) -> Estimate:
         passes, kernels = 1, 1
     xla_bytes = must_move + max(0, passes - 1) * full_in
     middle = any(s.loop in (ALONG_A, EACH_ALONG_A) and s.ops for s in plan.steps)
-    xla = xla_bytes / (bw * (XLA_MIDDLE_AXIS_EFFICIENCY if middle else XLA_EFFICIENCY)) + kernels * target.launch_us
+    ragged = plan.mapping.tile_b % XLA_COLUMN_TILE != 0
+    xla = xla_bytes / (bw * (XLA_MIDDLE_AXIS_EFFICIENCY if middle and ragged else XLA_EFFICIENCY)) \
+        + kernels * target.launch_us
     return Estimate(must_move, ours, kernels, xla_bytes, xla)
