@@ -546,3 +546,5 @@ __device__ __forceinline__ void js_block_copy_async(S* __restrict__ dst, const S
   for (int i = tid; i < (int)(COUNT * sizeof(S) / 16); i += BLOCK)
     js_stage<float, 4, true>(d + 4 * i, s + 4 * i, true);
 }
+
+// ---- end of the common helpers (kernels/cache.canonical renames value names only below this line)

@@ -344,3 +344,40 @@ def test_names_of_functions_as_folder_names():
     assert progress.name_of(lambda x: x) == "lambda"
     assert progress.name_of(functools.partial(rms)) == "partial_rms"
     assert progress.counted(1, "region") == "1 region" and progress.counted(2, "body", "bodies") == "2 bodies"
+
+
+# ------------------------------------------------------------------------------------------------
+# sources that differ only in their values' names are one kernel, compiled once
+# ------------------------------------------------------------------------------------------------
+
+def test_the_canonical_form_renames_value_ids_and_nothing_else():
+    a = 'float v12[E]; float a12 = v12[0] + v7[1]; asm("mov.u32 %0, v12;"); // v12\n'
+    b = 'float v40[E]; float a40 = v40[0] + v3[1]; asm("mov.u32 %0, v12;"); // v40\n'
+    assert cache.canonical(a) == cache.canonical(b)
+    assert cache.cache_key(a, ARCH) == cache.cache_key(b, ARCH)
+    assert cache.canonical(a).startswith("float v0[E]; float a0 = v0[0] + v1[1];")
+    swapped = 'float v12[E]; float a12 = v7[0] + v12[1]; asm("mov.u32 %0, v12;"); // v12\n'
+    literal = 'float v12[E]; float a12 = v12[0] + v7[2]; asm("mov.u32 %0, v12;"); // v12\n'
+    string = 'float v12[E]; float a12 = v12[0] + v7[1]; asm("mov.u32 %0, v13;"); // v12\n'
+    assert len({cache.canonical(s) for s in (a, swapped, literal, string)}) == 4
+
+
+def two_layers(x, w):
+    """Two layer norms of one shape with a matrix product between them: two regions, one kernel
+    under two sets of names."""
+    def ln(h):
+        m = h.mean(-1, keepdims=True)
+        return (h - m) * jax.lax.rsqrt(((h - m) ** 2).mean(-1, keepdims=True) + 1e-5)
+    return ln(ln(x) @ w)
+
+
+def test_regions_of_identical_layers_compile_once(cache_dir):
+    x, w = jax.ShapeDtypeStruct((4096, 1024), jnp.float32), jax.ShapeDtypeStruct((1024, 1024), jnp.float32)
+    from strategies import force_stitching
+
+    before = cache.stats().nvrtc_compiles
+    with force_stitching():  # (a layer norm forward is one XLA kernel: the cost model leaves it)
+        report = jaxstitch.explain(two_layers, x, w, target="h200")
+    keys = [r.cache_key for r in report.regions if r.stitched]
+    assert len(keys) == 2 and len(set(keys)) == 1, str(report)
+    assert cache.stats().nvrtc_compiles - before == 1

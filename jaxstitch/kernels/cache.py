@@ -1,7 +1,8 @@
 """Content-addressed cubin cache, in memory and on disk.
 
-The key is a hash of everything that decides the bytes: the source, NVRTC's version and options, the
-architecture and jaxstitch's version. The same key is the module's name at run time, so a fresh
+The key is a hash of everything that decides the bytes: the source up to the names of its values
+(`canonical`: the regions of a model's identical layers are one kernel under different names, and
+compile once), NVRTC's version and options, the architecture and jaxstitch's version. The same key is the module's name at run time, so a fresh
 process with a warm disk cache never runs NVRTC.
 
 On disk an entry is two files under `<cache_dir>/<key[:2]>/`: the data (`<key>.cubin` or `<key>.ptx`)
@@ -73,9 +74,43 @@ class _Corrupt(Exception):
     """A disk entry that fails its checks (the message says which)."""
 
 
+# The prefixes of the names code generation gives values, stages and accumulators, each followed by a
+# value id (v12, a8105, p3_1, sc4): the only text in which two regions of identical layers differ.
+ID_NAMED = frozenset({"v", "s", "p", "q", "r", "t", "a", "sc", "x"})
+_TOKENS = re.compile(r'"(?:[^"\\\n]|\\.)*"|\b[A-Za-z_]\w*\b')
+_NUMBERED = re.compile(r"([A-Za-z_]+?)(\d+)(_\w*)?")
+
+
+HELPERS_END = "// ---- end of the common helpers"  # (csrc_templates/stitch_common.cuh's last line)
+
+
+def canonical(source: str) -> str:
+    """`source` with the ids in its value names renumbered by first appearance, below the common
+    helpers (whose own locals, `v2` among them, are no value's) and outside strings. A bijective
+    renaming of the names the generated code declares (nothing is token-pasted), so two sources
+    with one canonical form are one kernel: BERT's bfloat16 train step plans 100 kernels of 13
+    canonical forms."""
+    at = source.find(HELPERS_END)
+    head, body = (source[:at], source[at:]) if at >= 0 else ("", source)
+    names: dict[tuple[str, str], str] = {}
+    counts: dict[str, int] = {}
+
+    def rename(m: re.Match) -> str:
+        token = m.group(0)
+        numbered = None if token.startswith('"') else _NUMBERED.fullmatch(token)
+        if numbered is None or numbered.group(1) not in ID_NAMED:
+            return token
+        prefix, vid, rest = numbered.group(1), numbered.group(2), numbered.group(3) or ""
+        if (prefix, vid) not in names:
+            names[prefix, vid] = f"{prefix}{counts.get(prefix, 0)}"
+            counts[prefix] = counts.get(prefix, 0) + 1
+        return names[prefix, vid] + rest
+    return head + _TOKENS.sub(rename, body)
+
+
 def cache_key(source: str, arch: str) -> str:
     h = hashlib.sha256()
-    for part in (source, nvrtc.version(), " ".join(nvrtc.OPTIONS), arch, VERSION):
+    for part in (canonical(source), nvrtc.version(), " ".join(nvrtc.OPTIONS), arch, VERSION):
         h.update(part.encode())
         h.update(b"\x00")
     return h.hexdigest()
