@@ -51,8 +51,9 @@ def _marked_shared(regions) -> tuple[Region, ...]:
     copies and its original. XLA rounds each half-precision result; a copy of ours that kept it in
     float broke `x - max(x)` at the maximum: a float16 softmax over `x * x` recomputed the product
     unrounded and subtracted the maximum XLA found among the rounded ones, and its largest element
-    came out `exp(0.0039)`, 0.4% off (H200). Rounded, the copies of correctly rounded arithmetic
-    (add, sub, mul, div, sqrt) are XLA's to the bit."""
+    came out `exp(0.0039)`, 0.4% off (H200). Rounded, copies of add, sub and mul (correctly rounded
+    in float, then once to the half type) and of division (js_div is XLA's div.full) are XLA's to the
+    bit."""
     copied = frozenset().union(*(r.recomputed for r in regions))
     return tuple(dataclasses.replace(r, shared=frozenset(op.index for op in r.ops if op.index in copied))
                  for r in regions)

@@ -2,8 +2,8 @@
 
 The key is a hash of everything that decides the bytes: the source up to the names of its values
 (`canonical`: the regions of a model's identical layers are one kernel under different names, and
-compile once), NVRTC's version and options, the architecture and jaxstitch's version. The same key is the module's name at run time, so a fresh
-process with a warm disk cache never runs NVRTC.
+compile once), NVRTC's version and options, the architecture and jaxstitch's version. The same key
+is the module's name at run time, so a fresh process with a warm disk cache never runs NVRTC.
 
 On disk an entry is two files under `<cache_dir>/<key[:2]>/`: the data (`<key>.cubin` or `<key>.ptx`)
 and `<key>.json`, its metadata with the data's sha256. Each is written to a temporary file in the same
@@ -88,8 +88,8 @@ def canonical(source: str) -> str:
     """`source` with the ids in its value names renumbered by first appearance, below the common
     helpers (whose own locals, `v2` among them, are no value's) and outside strings. A bijective
     renaming of the names the generated code declares (nothing is token-pasted), so two sources
-    with one canonical form are one kernel: BERT's bfloat16 train step plans 100 kernels of 13
-    canonical forms."""
+    with one canonical form are one kernel: BERT's bfloat16 train step plans 100 kernels of 12
+    canonical forms, and each source compiles to the cubin bytes of the others of its form."""
     at = source.find(HELPERS_END)
     head, body = (source[:at], source[at:]) if at >= 0 else ("", source)
     names: dict[tuple[str, str], str] = {}
