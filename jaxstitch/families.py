@@ -104,12 +104,7 @@ def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | N
     """The program for symbolic `flat_args`: the symbolic trace, with the regions that form a family
     stitched and every other region left to XLA with the reason."""
     with build_times.stage("trace"):
-        traced = trace_mod.trace(fun, flat_args, in_tree, static, scatters=bool(cfg.tuning.scatters),
-                                 wide_scatters=bool(cfg.tuning.wide_scatters),
-                                 merge_products=bool(cfg.tuning.merge_products),
-                                 batched_folds=cfg.tuning.batched_folds,
-                                 product_concats=bool(cfg.tuning.product_concats),
-                                 excess_precision=cfg.excess_precision)
+        traced = pipeline.traced_with(fun, flat_args, in_tree, static, cfg)
         # Both samples are staged (their kernels compiling meanwhile) before either is completed. The
         # second takes the first's regions: a family's regions must be the same ops at both anyway.
         first, second = (trace_mod.at_sizes(traced, functools.partial(_size, value=s)) for s in SAMPLES)

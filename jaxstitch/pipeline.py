@@ -330,14 +330,19 @@ def _plans_as_one_kernel(region) -> bool:
         return False
 
 
+def traced_with(fun, flat_args, in_tree, static: dict | None, cfg: Config) -> trace_mod.Traced:
+    """`fun`'s trace with the rewrites `cfg` asks for (its tuning's and XLA's excess precision)."""
+    return trace_mod.trace(fun, flat_args, in_tree, static, scatters=bool(cfg.tuning.scatters),
+                           wide_scatters=bool(cfg.tuning.wide_scatters),
+                           merge_products=bool(cfg.tuning.merge_products),
+                           batched_folds=cfg.tuning.batched_folds,
+                           product_concats=bool(cfg.tuning.product_concats),
+                           excess_precision=cfg.excess_precision)
+
+
 def build(fun, flat_args, in_tree, target: Target, cfg: Config, static: dict | None = None) -> Program:
     with build_times.stage("trace"):
-        traced = trace_mod.trace(fun, flat_args, in_tree, static, scatters=bool(cfg.tuning.scatters),
-                                 wide_scatters=bool(cfg.tuning.wide_scatters),
-                                 merge_products=bool(cfg.tuning.merge_products),
-                                 batched_folds=cfg.tuning.batched_folds,
-                                 product_concats=bool(cfg.tuning.product_concats),
-                                 excess_precision=cfg.excess_precision)
+        traced = traced_with(fun, flat_args, in_tree, static, cfg)
     return complete(stage(traced, target, cfg), target, cfg)
 
 
