@@ -78,6 +78,36 @@ def classify(logits, labels):
     return loss, jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
 
+def image_batches(c, seed: int):
+    """`batch(i)`: `c.batch` random `c.image` x `c.image` RGB images (NHWC, `c.dtype`) and labels
+    among `c.classes` (the image classifiers' data)."""
+    def batch(i):
+        k1, k2 = jax.random.split(jax.random.fold_in(jax.random.key(seed), i))
+        images = jax.random.normal(k1, (c.batch, c.image, c.image, 3)).astype(c.dtype)
+        return {"images": images, "labels": jax.random.randint(k2, (c.batch,), 0, c.classes)}
+    return batch
+
+
+def classify_images(model, batch):
+    """(mean cross-entropy, predicted classes) of an image classifier on an image_batches batch."""
+    return classify(model(batch["images"]), batch["labels"])
+
+
+def token_batches(c, seed: int):
+    """`batch(i)`: `c.batch` random sequences of `c.seq + 1` tokens among `c.vocab` (the language
+    models' data: each position's next token is its label)."""
+    def batch(i):
+        key = jax.random.fold_in(jax.random.key(seed), i)
+        return {"tokens": jax.random.randint(key, (c.batch, c.seq + 1), 0, c.vocab)}
+    return batch
+
+
+def next_token(model, batch):
+    """(next-token cross-entropy, each position's predicted token) of a forward pass (prefill) over a
+    token_batches batch."""
+    return classify(model(batch["tokens"][:, :-1]), batch["tokens"][:, 1:])
+
+
 def attention(q, k, v, bias=None, scale: float | None = None):
     """Softmax attention over [batch, seq, heads, head] queries, keys and values; `bias` is added to
     the float32 logits (a mask as -1e9 or learned position biases). The softmax runs in float32 and

@@ -116,16 +116,8 @@ def make_infer_init(c: Config, seed: int):
     return common.initializer(lambda: Llama(c, nnx.Rngs(params=seed)))
 
 
-def make_batches(c: Config, seed: int):
-    def batch(i):
-        key = jax.random.fold_in(jax.random.key(seed), i)
-        return {"tokens": jax.random.randint(key, (c.batch, c.seq + 1), 0, c.vocab)}
-    return batch
-
-
-def evaluate(model, batch):
-    """(next-token cross-entropy, each position's predicted token) of a forward pass (prefill)."""
-    return common.classify(model(batch["tokens"][:, :-1]), batch["tokens"][:, 1:])
+make_batches = common.token_batches
+evaluate = common.next_token
 
 
 train_step = common.train_step(lambda model, batch: evaluate(model, batch)[0])

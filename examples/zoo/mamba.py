@@ -96,16 +96,11 @@ def make_init(c: Config, seed: int):
     return common.train_init(lambda: MambaLM(c, nnx.Rngs(params=seed)), optax.adamw(1e-3, weight_decay=0.1))
 
 
-def make_batches(c: Config, seed: int):
-    def batch(i):
-        key = jax.random.fold_in(jax.random.key(seed), i)
-        return {"tokens": jax.random.randint(key, (c.batch, c.seq + 1), 0, c.vocab)}
-    return batch
+make_batches = common.token_batches
 
 
 def loss(model, batch):
-    logits = model(batch["tokens"][:, :-1])
-    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["tokens"][:, 1:]).mean()
+    return common.next_token(model, batch)[0]
 
 
 train_step = common.train_step(loss)

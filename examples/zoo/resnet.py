@@ -81,20 +81,12 @@ def make_infer_init(c: Config, seed: int):
     return common.initializer(lambda: ResNet(c, nnx.Rngs(params=seed), train=False))
 
 
-def make_batches(c: Config, seed: int):
-    def batch(i):
-        k1, k2 = jax.random.split(jax.random.fold_in(jax.random.key(seed), i))
-        images = jax.random.normal(k1, (c.batch, c.image, c.image, 3)).astype(c.dtype)
-        return {"images": images, "labels": jax.random.randint(k2, (c.batch,), 0, c.classes)}
-    return batch
+make_batches = common.image_batches
+evaluate = common.classify_images
 
 
 def loss(model, batch):
-    return common.classify(model(batch["images"]), batch["labels"])[0]
-
-
-def evaluate(model, batch):
-    return common.classify(model(batch["images"]), batch["labels"])
+    return evaluate(model, batch)[0]
 
 
 train_step = common.train_step(loss)
