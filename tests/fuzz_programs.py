@@ -587,6 +587,7 @@ def fuzz_inputs(program: FuzzProgram, seed: int) -> list:
 # Relative to an output's largest element, by the coarsest rounding its program computes with: four
 # units in the last place (our kernels compute half-precision values in float and round them where
 # stored, XLA after each native bfloat16/float16 op: they differ by a few units there).
+CANCELLED_SCALE = 1.0  # an all-zero reference's scale: the inputs' and cotangents' (standard normal)
 RTOL = {None: 1e-5, "float32": 1e-4, "float16": 4 * 2 ** -11, "bfloat16": 4 * 2 ** -8}
 
 
@@ -594,8 +595,11 @@ def check_against_jit(got, want, ref, lossy: str | None = "float32") -> list[str
     """Mismatches of `got` (ours) against `want` (jax.jit), each output judged against `ref` (float64
     reference): NaN and Inf where jax.jit has them; integers equal; floats within a tolerance of the
     reference: RTOL[lossy] (the program's coarsest rounding, FuzzProgram.lossy) of the output's
-    largest finite reference element, widened by twice jax.jit's own distance from it. Returns a
-    line per failing output."""
+    largest finite reference element, widened by twice jax.jit's own distance from it. An output
+    whose reference is zero everywhere is a cancellation of terms the size of the inputs and
+    cotangents (standard normal): its scale is 1, what their rounding leaves (a bfloat16 softmax
+    over one element: gradient s * (g - g * s), exactly 0, 0.006 in a kernel that rounded one g and
+    not the other). Returns a line per failing output."""
     failures = []
     for k, (g, w, r) in enumerate(zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want),
                                       jax.tree_util.tree_leaves(ref), strict=True)):
@@ -625,6 +629,7 @@ def _float_failures(k: int, g64, w64, r64, lossy: str | None, size: int) -> list
     if not finite.any():
         return failures
     scale = np.max(np.abs(r64[finite]))
+    scale = scale if scale > 0 else CANCELLED_SCALE
     tol = RTOL[lossy] * max(scale, 1e-6) + 2 * np.abs(w64 - r64)
     err = np.abs(g64 - r64)
     bad = finite & (err > tol)

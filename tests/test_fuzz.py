@@ -69,6 +69,18 @@ def test_fuzz_inputs_are_fresh_and_poisoned_as_asked(seed):
     assert np.isnan(np.asarray(a)).any() or np.isinf(np.asarray(a)).any() or np.isnan(np.asarray(b, np.float32)).any()
 
 
+def test_an_all_zero_reference_is_judged_at_the_inputs_scale():
+    """A gradient that cancels to exactly 0 may carry one rounding of its O(1) terms, not more."""
+    import numpy as np
+    from fuzz_programs import check_against_jit
+
+    zero = np.zeros(1, np.float32)
+    ulp_noise = np.full(1, 0.0059, np.float32)  # under a bfloat16 ulp of 1.5
+    assert check_against_jit([ulp_noise], [zero], [zero.astype(np.float64)], "bfloat16") == []
+    assert check_against_jit([np.full(1, 0.1, np.float32)], [zero], [zero.astype(np.float64)], "bfloat16")
+    assert check_against_jit([ulp_noise], [zero], [zero.astype(np.float64)], "float32")  # float32: 1e-4
+
+
 # Programs the GPU fuzzer found wrong (scripts/fuzz_gpu.py, H200), planned as by default: a size-1
 # output made in the row loop after a scan but declared a scalar was stored nowhere (its poisoned
 # NaN came back); codegen now stores it, and checks that every output is stored (UnwrittenOutput).
