@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 import jax
 
-from . import build_times, config, fallback, families, progress, report as report_mod, targets, trace as trace_mod
+from . import build_times, config, fallback, families, guard as guard_mod, progress, report as report_mod, targets, \
+    trace as trace_mod
 from .kernels import cache, ffi, xla_kernel
 from .stitcher import Context, make_runner
 
@@ -48,7 +49,7 @@ def _is_dynamic(x) -> bool:
 
 def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, static_argnums=None,
         static_argnames=None, donate_argnums=None, donate_argnames=None, keep_unused: bool = False,
-        device=None, backend=None, inline=False, compiler_options=None, target=None):
+        device=None, backend=None, inline=False, compiler_options=None, target=None, guard=None):
     """Like `jax.jit`, with the memory-bound regions of `fun` stitched into our own CUDA kernels.
 
     On a machine without a CUDA GPU (and no `target`), this is exactly `jax.jit(fun, ...)`.
@@ -62,13 +63,18 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
     `out_shardings` (over several devices, each runs kernels planned for its shards: spmd/), and
     `compiler_options` (XLA debug options for this program, e.g.
     `{"xla_gpu_enable_command_buffer": ""}` to launch its kernels without CUDA graphs).
+
+    `guard` (guard.py): at each new set of argument shapes, time the stitched program against
+    `jax.jit`'s on that call's inputs and keep the faster. None (the default): on where the kernels
+    run on a GPU, unless JAXSTITCH_GUARD=0; False: off; True: on anywhere. The function returned
+    then lists what it chose in `.guard_decisions`.
     """
     options = dict(in_shardings=in_shardings, out_shardings=out_shardings, static_argnums=static_argnums,
                    static_argnames=static_argnames, donate_argnums=donate_argnums,
                    donate_argnames=donate_argnames, keep_unused=keep_unused, device=device, backend=backend,
                    inline=inline, compiler_options=compiler_options)
     if fun is None:
-        return functools.partial(jit, **options, target=target)
+        return functools.partial(jit, **options, target=target, guard=guard)
     _check_fun(fun, "jaxstitch.jit")
     tgt = _resolve_target(target, "jaxstitch.jit")
     donate = _argnums_and_names(fun, donate_argnums, donate_argnames, "donate", "jaxstitch.jit")
@@ -81,6 +87,8 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
     if tgt is None:
         return jax.jit(fun, **jit_kwargs)
 
+    guarded = []  # the Guarded wrapper, once made: the trace tells it what it built
+
     @functools.wraps(fun)
     def stitched(*args, **kwargs):
         dyn, static, tree = _split_dynamic(args, kwargs)
@@ -92,12 +100,32 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
             if cfg.strict or trace_mod.users_error(e):
                 raise
             fallback.program_failed("planning", getattr(fun, "__qualname__", repr(fun)), e)
+            for g in guarded:
+                g.note_trace(guard_mod.Traced(stitched_kernels=0, effectful=False))
             return fun(*args, **kwargs)
         if not families.is_symbolic(dyn):  # (jax.export lowers a family; XLA compiles it per shape later)
             build_times.expect_xla_compile(progress.name_of(fun), stitched.__name__, program.times)
+        for g in guarded:
+            g.note_trace(guard_mod.Traced(stitched_kernels=sum(c.stitched for _, c in program.all_regions()),
+                                          effectful=any(e.effectful for e in program.traced.eqns)))
         return jax.tree_util.tree_unflatten(program.traced.out_tree, outs)
 
-    return jax.jit(stitched, **jit_kwargs)
+    if not _guard_on(guard, cfg):
+        return jax.jit(stitched, **jit_kwargs)
+    guarded.append(guard_mod.Guarded(
+        fun, jax.jit(stitched, **jit_kwargs), jax.jit(fun, **jit_kwargs),
+        donated_leaves=lambda args, kwargs: _donated_leaves(args, kwargs, *donate),
+        measurable=in_shardings is None and out_shardings is None))
+    return guarded[0]
+
+
+def _guard_on(guard, cfg: config.Config) -> bool:
+    """Whether jit's `guard` argument, else JAXSTITCH_GUARD, else a GPU running the kernels turns it on."""
+    if guard is not None:
+        return bool(guard)
+    if cfg.guard is not None:
+        return cfg.guard
+    return targets.detect() is not None
 
 
 # jax.jit's parameters whose default is a sentinel, or whose None it warns about: passed only if given.
@@ -151,17 +179,25 @@ def _donated_positions(args, kwargs, donate_argnums, donate_argnames=()) -> froz
     """Positions, among the dynamic flat arguments (_split_dynamic), of the donated arguments' leaves:
     those of the positional arguments at `donate_argnums` and the keyword ones in `donate_argnames`,
     as jax.jit donates them (a negative position donates nothing there)."""
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    dyn_flags = [f for x, f in zip(leaves, _donated_flags(args, kwargs, donate_argnums, donate_argnames),
+                                   strict=True) if _is_dynamic(x)]
+    return frozenset(k for k, f in enumerate(dyn_flags) if f)
+
+
+def _donated_leaves(args, kwargs, donate_argnums, donate_argnames=()) -> frozenset[int]:
+    """Positions, among all flat leaves of (args, kwargs), of the donated arguments' leaves."""
+    return frozenset(k for k, f in enumerate(_donated_flags(args, kwargs, donate_argnums, donate_argnames)) if f)
+
+
+def _donated_flags(args, kwargs, donate_argnums, donate_argnames) -> list[bool]:
+    """For each flat leaf of (args, kwargs), whether its argument is donated."""
     nums = set() if donate_argnums is None else {donate_argnums} if isinstance(donate_argnums, int) \
         else set(donate_argnums)
     names = {donate_argnames} if isinstance(donate_argnames, str) else set(donate_argnames or ())
-    if not nums and not names:
-        return frozenset()
     flags = (tuple(jax.tree_util.tree_map(lambda _, d=i in nums: d, a) for i, a in enumerate(args)),
              {k: jax.tree_util.tree_map(lambda _, d=k in names: d, v) for k, v in kwargs.items()})
-    leaves = jax.tree_util.tree_leaves((args, kwargs))
-    dyn_flags = [f for x, f in zip(leaves, jax.tree_util.tree_leaves(flags), strict=True)
-                 if _is_dynamic(x)]
-    return frozenset(k for k, f in enumerate(dyn_flags) if f)
+    return jax.tree_util.tree_leaves(flags)
 
 
 def explain(fun: Callable, *args: Any, target=None, **kwargs: Any) -> report_mod.Report:

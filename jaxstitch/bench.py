@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import math
 import os
@@ -212,12 +213,13 @@ def max_rel_err(got, want) -> float:
 
 
 def stitch_jit():
-    """`jaxstitch.jit`, or None when the package does not provide it (yet)."""
+    """`jaxstitch.jit` without the guard (the stitched program itself, which the benchmark measures;
+    the guard would swap in jax.jit's where it is slower), or None without the package."""
     try:
         import jaxstitch
     except ImportError:
         return None
-    return getattr(jaxstitch, "jit", None)
+    return functools.partial(jaxstitch.jit, guard=False)
 
 
 @contextlib.contextmanager

@@ -28,6 +28,9 @@ class Config:
     override_dir: str | None = None
     # JAXSTITCH_PROGRESS=0: no progress line on stderr for builds longer than a few seconds
     progress: bool = True
+    # JAXSTITCH_GUARD=0/1: the program guard off, or on even without a GPU (guard.py); unset: on
+    # where the kernels run on a GPU. `jaxstitch.jit(..., guard=)` decides before it.
+    guard: bool | None = None
 
 
 def _flag(value: str | None) -> bool:
@@ -48,6 +51,7 @@ def load() -> Config:
         cache_max_bytes=_megabytes("JAXSTITCH_CACHE_MAX_MB", env.get("JAXSTITCH_CACHE_MAX_MB"), 1024),
         override_dir=env.get("JAXSTITCH_OVERRIDE_DIR") or None,
         progress=_flag(env.get("JAXSTITCH_PROGRESS", "1")),
+        guard=None if env.get("JAXSTITCH_GUARD", "") == "" else _flag(env.get("JAXSTITCH_GUARD")),
     )
 
 

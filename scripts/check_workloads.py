@@ -7,6 +7,8 @@ import os
 import sys
 import time
 
+os.environ.setdefault("JAXSTITCH_GUARD", "0")  # (the stitched program itself, not the guard's choice)
+
 os.environ.setdefault("JAXSTITCH_POISON", "1")
 
 import jax  # noqa: E402

@@ -20,6 +20,8 @@ import os
 import statistics
 import tempfile
 
+os.environ.setdefault("JAXSTITCH_GUARD", "0")  # (the stitched program itself, not the guard's choice)
+
 import torch  # first: its CUDA context is the one jax then shares
 
 torch.cuda.init()

@@ -12,6 +12,8 @@ import os
 import statistics
 import sys
 
+os.environ.setdefault("JAXSTITCH_GUARD", "0")  # (the stitched program itself, not the guard's choice)
+
 import torch  # noqa: F401  (first: device_time's CUPTI profiler shares its CUDA context with jax)
 
 import jax  # noqa: E402

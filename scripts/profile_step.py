@@ -14,6 +14,8 @@ import math
 import os
 import sys
 
+os.environ.setdefault("JAXSTITCH_GUARD", "0")  # (the stitched program itself, not the guard's choice)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "examples")]
 from device_time import GPU_EVENTS, gpu_events, span_us  # noqa: E402  (first: torch's CUDA context is the one jax shares)

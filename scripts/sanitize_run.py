@@ -19,6 +19,8 @@ import contextlib
 import os
 import sys
 
+os.environ.setdefault("JAXSTITCH_GUARD", "0")  # (the stitched program itself, not the guard's choice)
+
 import jax
 import jax.numpy as jnp
 import numpy as np

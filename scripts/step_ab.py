@@ -27,6 +27,8 @@ import sys
 import time
 from typing import Any
 
+os.environ.setdefault("JAXSTITCH_GUARD", "0")  # (the stitched program itself, not the guard's choice)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "examples")]
 if "--gpu-time" in sys.argv:  # torch's CUPTI profiler, imported before jax (their CUDA context is shared)

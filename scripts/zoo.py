@@ -48,6 +48,8 @@ import tempfile
 import time
 import traceback
 
+os.environ.setdefault("JAXSTITCH_GUARD", "0")  # (the stitched program itself, not the guard's choice)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "examples"), HERE]  # (examples/ first: its zoo package, not this file)
 sys.path.append(os.path.join(HERE, ".."))  # (jaxstitch from this checkout where it is not installed)

@@ -11,6 +11,8 @@
   that want them set them with monkeypatch).
 * Under pytest-xdist (`-n 2`, the README's command) each worker allocates GPU memory as it goes
   (XLA_PYTHON_CLIENT_PREALLOCATE=false): two processes that each took XLA's default 75% would not fit.
+* JAXSTITCH_GUARD=0: the tests check our kernels, which the program guard would replace by
+  jax.jit's program where it measured them slower (tests/test_guard.py turns it on).
 * JAXSTITCH_STRICT=1: an internal error in planning, code generation or NVRTC raises (a user gets the
   region left to XLA with a warning), so that such bugs fail the tests.
 """
@@ -29,6 +31,8 @@ if TESTS_DIR not in sys.path:  # `import strategies` from the test modules
 HOST_DEVICES = "--xla_force_host_platform_device_count=4"
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + HOST_DEVICES).strip()
+
+os.environ["JAXSTITCH_GUARD"] = "0"  # (before any test module's jaxstitch.jit reads it)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")

@@ -1,0 +1,207 @@
+"""The program guard: a stitched program that measures slower than `jax.jit`'s is replaced by it.
+
+The planner decides from a model of the GPU and of XLA, and a model can be wrong (a ViT-like step
+measured 0.80x in one process and 1.21x in another). So on the first call at each new set of
+argument shapes, the call that traced and compiled the stitched program, the guard also compiles
+`jax.jit`'s program of the same function with the same options, runs the two in turns on that
+call's inputs, and keeps the stitched one only where its median time a call is below `jax.jit`'s.
+
+What it costs, once per new set of shapes: `jax.jit`'s own XLA compile (as long as `jax.jit` takes
+for the function) and at most `MEASURE_SECONDS` of timed calls; no call after it pays anything
+where every set of shapes kept the stitched program, and one look-up of the shapes where some did
+not. A program with no stitched kernel is not measured (it is `jax.jit`'s already).
+
+It does not measure, and keeps the stitched program, where measuring could change what the user
+sees or cannot be done alike: calls under a JAX transformation or another `jit` (no values), a
+program with side effects (`jax.debug.print`, callbacks: they would run again), and arrays over
+several devices or explicit shardings. Donated arguments are copied for each timed call (zeros in
+place of one already deleted), so the user's buffers are never read after the call gave them up.
+
+On by default where the kernels run on a GPU; `JAXSTITCH_GUARD=0` or `jaxstitch.jit(..., guard=False)`
+turns it off, and `guard=True` turns it on elsewhere too (a CPU measures XLA against itself).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import statistics
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+log = logging.getLogger("jaxstitch")
+
+MEASURE_SECONDS = 2.0   # timed calls per new set of shapes stop after this long...
+MIN_CALLS = 5           # ...once each program ran this many times
+MAX_CALLS = 25          # each program's timed calls at most
+
+STITCHED = "stitched"
+XLA = "jax.jit"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decision:
+    """What the guard chose for one set of argument shapes, and from what."""
+
+    shapes: str                  # the arguments' shapes and dtypes, as jax writes them
+    choice: str                  # STITCHED or XLA
+    stitched_ms: float | None    # median ms a call (None: not measured)
+    xla_ms: float | None
+    calls: int = 0               # timed calls of each program
+    why: str = ""                # why it was not measured, or what the medians decided
+
+    def __str__(self) -> str:
+        if self.stitched_ms is None:
+            return f"{self.shapes}: {self.choice} ({self.why})"
+        return (f"{self.shapes}: {self.choice} (stitched {self.stitched_ms:.3f} ms, jax.jit "
+                f"{self.xla_ms:.3f} ms a call, median of {self.calls})")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Traced:
+    """What the stitched program's trace tells the guard: its kernels and whether it has effects."""
+
+    stitched_kernels: int
+    effectful: bool
+
+
+class Guarded:
+    """`jaxstitch.jit`'s function with the guard: called like the `jax.jit` object it wraps (and its
+    `lower`, `trace`, `eval_shape` are that object's: the stitched program, unguarded)."""
+
+    def __init__(self, fun: Callable, stitched: Any, xla: Any, donated_leaves: Callable, measurable: bool):
+        functools.update_wrapper(self, fun)
+        self._stitched = stitched          # jax.jit of the stitched program
+        self._xla = xla                    # jax.jit of `fun`, the same options
+        self._donated_leaves = donated_leaves  # (args, kwargs) -> flat positions of donated leaves
+        self._measurable = measurable      # False: explicit shardings (see the module's docstring)
+        self._traced: list[Traced] = []    # the stitched program's traces since the last call began
+        self._xla_keys: set = set()        # the sets of shapes that run jax.jit's program
+        self.guard_decisions: list[Decision] = []
+
+    def note_trace(self, traced: Traced) -> None:
+        """Called by the stitched program's trace (a new set of shapes, or a transformation's)."""
+        self._traced.append(traced)
+
+    def __call__(self, *args, **kwargs):
+        if self._xla_keys and _key(args, kwargs) in self._xla_keys:
+            return self._xla(*args, **kwargs)
+        self._traced.clear()  # (left by `lower` or `eval_shape`)
+        outs = self._stitched(*args, **kwargs)
+        if self._traced:
+            self._settle(self._traced[-1], args, kwargs)
+            self._traced.clear()
+        return outs
+
+    def __getattr__(self, name):
+        return getattr(self._stitched, name)
+
+    def __get__(self, obj, objtype=None):  # a method, as jax.jit's functions are
+        return self if obj is None else functools.partial(self, obj)
+
+    def _settle(self, traced: Traced, args, kwargs) -> None:
+        """Measure and decide for the shapes this call traced, where that can be done."""
+        leaves = jax.tree_util.tree_leaves((args, kwargs))
+        shapes = _shapes(leaves)
+        why = _not_measured(traced, leaves, self._measurable)
+        if why:
+            if why != _UNDER_A_TRACE:
+                self._decided(Decision(shapes=shapes, choice=STITCHED, stitched_ms=None, xla_ms=None, why=why))
+            return
+        try:
+            decision = _measure(self._stitched, self._xla, args, kwargs, self._donated_leaves(args, kwargs), shapes)
+        except Exception as e:  # noqa: BLE001 - a failed measurement keeps what ran
+            decision = Decision(shapes=shapes, choice=STITCHED, stitched_ms=None, xla_ms=None,
+                                why=f"measuring failed: {type(e).__name__}: {e}")
+        if decision.choice == XLA:
+            self._xla_keys.add(_key(args, kwargs))
+        self._decided(decision)
+
+    def _decided(self, decision: Decision) -> None:
+        self.guard_decisions.append(decision)
+        log.info("guard: %s at %s", getattr(self, "__qualname__", "?"), decision)
+
+
+_UNDER_A_TRACE = "called under a JAX transformation or another jit"
+
+
+def _not_measured(traced: Traced, leaves: list, measurable: bool) -> str:
+    """Why the guard keeps the stitched program unmeasured ("" where it measures)."""
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+        return _UNDER_A_TRACE
+    if traced.stitched_kernels == 0:
+        return "no stitched kernel: the program is jax.jit's"
+    if traced.effectful:
+        return "the program has side effects, which timed calls would repeat"
+    if not measurable:
+        return "explicit shardings"
+    if any(len(x.sharding.device_set) > 1 for x in leaves if isinstance(x, jax.Array)):
+        return "arrays over several devices"
+    return ""
+
+
+def _key(args, kwargs):
+    """The set of shapes a call is at: its tree, each array's shape, dtype and weak type, and other
+    leaves by value (static arguments; a Python scalar passed as an array keys by its value too)."""
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    return tree, tuple((x.shape, x.dtype, getattr(x, "weak_type", False)) if hasattr(x, "dtype")
+                       and hasattr(x, "shape") else _hashable(x) for x in leaves)
+
+
+def _hashable(x):
+    try:
+        hash(x)
+        return x
+    except TypeError:
+        return ("unhashable", id(x))
+
+
+def _shapes(leaves: list) -> str:
+    arrays = [x for x in leaves if hasattr(x, "dtype") and hasattr(x, "shape")]
+    text = ", ".join(f"{jnp.dtype(x.dtype).name}{list(x.shape)}" for x in arrays[:6])
+    return f"({text}{', ...' if len(arrays) > 6 else ''}; {len(arrays)} arrays)"
+
+
+def _measure(stitched, xla, args, kwargs, donated: frozenset[int], shapes: str) -> Decision:
+    """Both programs on this call's inputs, in turns, each call waited for: median ms a call."""
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+
+    def once(which: str) -> float:
+        fresh = [_copy(x) if k in donated or _deleted(x) else x for k, x in enumerate(leaves)]
+        jax.block_until_ready([x for x in fresh if isinstance(x, jax.Array)])
+        a, k = jax.tree_util.tree_unflatten(tree, fresh)
+        return _timed_call(stitched if which == STITCHED else xla, a, k, which)
+
+    once(STITCHED), once(XLA)  # (jax.jit's program compiles here; each runs warm after)
+    times = {STITCHED: [], XLA: []}
+    start = time.perf_counter()
+    while len(times[XLA]) < MAX_CALLS and (len(times[XLA]) < MIN_CALLS
+                                           or time.perf_counter() - start < MEASURE_SECONDS):
+        for which in (STITCHED, XLA):
+            times[which].append(once(which))
+    ours, theirs = statistics.median(times[STITCHED]), statistics.median(times[XLA])
+    return Decision(shapes=shapes, choice=STITCHED if ours < theirs else XLA, stitched_ms=ours,
+                    xla_ms=theirs, calls=len(times[XLA]))
+
+
+def _timed_call(fn, args, kwargs, which: str) -> float:
+    """ms from the call of `fn` (the `which` program) to its results on the device."""
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args, **kwargs))
+    return (time.perf_counter() - t) * 1e3
+
+
+def _deleted(x) -> bool:
+    return isinstance(x, jax.Array) and x.is_deleted()
+
+
+def _copy(x):
+    """A buffer of `x`'s own for one timed call: a copy, or zeros where `x` is deleted (donated)."""
+    if not isinstance(x, jax.Array):
+        return x
+    if x.is_deleted():
+        return jnp.zeros(x.shape, x.dtype, device=x.sharding)
+    return jnp.copy(x)

@@ -1,0 +1,123 @@
+"""The program guard (jaxstitch/guard.py) on the CPU: what it measures, what it keeps, and where it
+stays out of the way. Planned for an H200, the stitched regions run through XLA here, so the two
+programs' speeds are XLA's both; `_timed_call` is replaced where a test needs one to lose."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxstitch
+from jaxstitch import guard
+from strategies import force_stitching
+
+
+def softmax_times(x, y):
+    return jax.nn.softmax(x * 2.0, axis=-1) * y
+
+
+def _inputs(seed=0, shape=(64, 256)):
+    kx, ky = jax.random.split(jax.random.key(seed))
+    return jax.random.normal(kx, shape), jax.random.normal(ky, shape)
+
+
+def _slower(loser: str, monkeypatch):
+    """Make `loser` (guard.STITCHED or guard.XLA) measure 1 ms a call, the other 0.5 ms; returns the
+    inputs each timed call got."""
+    seen = []
+
+    def timed_call(fn, args, kwargs, which):
+        seen.append((which, args, kwargs))
+        jax.block_until_ready(fn(*args, **kwargs))
+        return 1.0 if which == loser else 0.5
+
+    monkeypatch.setattr(guard, "_timed_call", timed_call)
+    return seen
+
+
+@pytest.mark.parametrize("loser", [guard.STITCHED, guard.XLA])
+def test_keeps_the_faster_program_and_routes_later_calls_to_it(loser, monkeypatch):
+    _slower(loser, monkeypatch)
+    with force_stitching():
+        f = jaxstitch.jit(softmax_times, target="h200", guard=True)
+        x, y = _inputs()
+        first = f(x, y)
+    (decision,) = f.guard_decisions
+    winner = guard.XLA if loser == guard.STITCHED else guard.STITCHED
+    assert decision.choice == winner and decision.calls >= guard.MIN_CALLS
+    assert (decision.stitched_ms, decision.xla_ms) == ((1.0, 0.5) if winner == guard.XLA else (0.5, 1.0))
+    x2, y2 = _inputs(1)
+    want = jax.jit(softmax_times)(x2, y2)
+    np.testing.assert_allclose(f(x2, y2), want, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(first, jax.jit(softmax_times)(x, y), rtol=1e-6, atol=1e-6)
+    # the shapes already decided are not measured again; jax.jit's program ran only if it won
+    assert len(f.guard_decisions) == 1
+    assert (f._xla._cache_size() > 0) and bool(f._xla_keys) == (winner == guard.XLA)
+
+
+def test_a_new_set_of_shapes_is_measured_on_its_own(monkeypatch):
+    _slower(guard.STITCHED, monkeypatch)
+    with force_stitching():
+        f = jaxstitch.jit(softmax_times, target="h200", guard=True)
+        f(*_inputs())
+        f(*_inputs(shape=(32, 128)))
+    assert [d.choice for d in f.guard_decisions] == [guard.XLA, guard.XLA]
+    assert len(f._xla_keys) == 2
+
+
+def test_donated_arguments_are_copied_for_each_timed_call(monkeypatch):
+    seen = _slower(guard.XLA, monkeypatch)
+    with force_stitching():
+        f = jaxstitch.jit(softmax_times, target="h200", guard=True, donate_argnums=0)
+        x, y = _inputs()
+        f(x, y)
+    assert seen and all(args[0] is not x and args[1] is y for _, args, _ in seen)
+
+
+def test_measured_for_real_on_this_machine():
+    with force_stitching():
+        f = jaxstitch.jit(softmax_times, target="h200", guard=True)
+        f(*_inputs())
+    (d,) = f.guard_decisions
+    assert d.stitched_ms > 0 and d.xla_ms > 0 and guard.MIN_CALLS <= d.calls <= guard.MAX_CALLS
+    assert str(d).startswith("(float32[64, 256], float32[64, 256]; 2 arrays): ")
+
+
+def test_no_measuring_under_a_transformation_with_effects_or_without_kernels(monkeypatch):
+    seen = _slower(guard.STITCHED, monkeypatch)
+    with force_stitching():
+        f = jaxstitch.jit(softmax_times, target="h200", guard=True)
+        x, y = _inputs()
+        g = jax.grad(lambda x: f(x, y).sum())(x)
+        assert f.guard_decisions == [] and g.shape == x.shape
+
+        def printing(x, y):
+            jax.debug.print("{}", x[0, 0])
+            return softmax_times(x, y)
+
+        p = jaxstitch.jit(printing, target="h200", guard=True)
+        p(x, y)
+    assert [d.why for d in p.guard_decisions] == ["the program has side effects, which timed calls would repeat"]
+    tiny = jaxstitch.jit(lambda x: x + 1, target="h200", guard=True)
+    tiny(jnp.ones(4))
+    assert [d.choice for d in tiny.guard_decisions] == [guard.STITCHED]
+    assert "no stitched kernel" in tiny.guard_decisions[0].why
+    assert not seen
+
+
+def test_off_by_switch_and_without_a_gpu(monkeypatch):
+    monkeypatch.delenv("JAXSTITCH_GUARD")  # (conftest turns it off for the other tests)
+    assert not isinstance(jaxstitch.jit(softmax_times, target="h200", guard=False), guard.Guarded)
+    if not any(d.platform == "gpu" for d in jax.devices()):  # (default: on only where kernels run)
+        assert not isinstance(jaxstitch.jit(softmax_times, target="h200"), guard.Guarded)
+    monkeypatch.setenv("JAXSTITCH_GUARD", "1")
+    assert isinstance(jaxstitch.jit(softmax_times, target="h200"), guard.Guarded)
+    monkeypatch.setenv("JAXSTITCH_GUARD", "0")
+    assert not isinstance(jaxstitch.jit(softmax_times, target="h200"), guard.Guarded)
+
+
+def test_the_guarded_function_is_a_jitted_function():
+    """`lower` and static arguments work as on jax.jit's functions."""
+    f = jaxstitch.jit(lambda x, n: x * n, target="h200", guard=True, static_argnums=1)
+    assert "mul" in f.lower(jnp.ones(3), 2).as_text()
+    assert float(f(jnp.ones(3), 2)[0]) == 2.0
+
