@@ -302,9 +302,11 @@ def test_a_body_without_stitched_regions_is_left_as_it_was(monkeypatch):
 # Flax NNX
 # ---------------------------------------------------------------------------------------------------
 
-def test_nnx_jit_updates_modules_and_optimizer_in_place_like_nnx_jit():
+@pytest.mark.parametrize("guard", [False, True])
+def test_nnx_jit_updates_modules_and_optimizer_in_place_like_nnx_jit(guard):
     """jaxstitch.nnx.jit of a train step (dropout RNG counters, AdamW state, parameters updated in
-    place) gives nnx.jit's losses and parameters, step after step."""
+    place) gives nnx.jit's losses and parameters, step after step; the guard's timed calls (on the
+    first step's inputs) change none of them."""
     optax = pytest.importorskip("optax")
     nnx = pytest.importorskip("flax.nnx")
     import jaxstitch.nnx
@@ -329,7 +331,7 @@ def test_nnx_jit_updates_modules_and_optimizer_in_place_like_nnx_jit():
     x = random_inputs([S32((256, 64), jnp.float32)], 4)[0]
     y = jax.random.randint(jax.random.key(2), (256,), 0, 10)
     runs = []
-    for wrap in (nnx.jit, jaxstitch.nnx.jit(target="h100")):
+    for wrap in (nnx.jit, jaxstitch.nnx.jit(target="h100", guard=guard)):
         model = Mlp(nnx.Rngs(0))
         optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
         f = wrap(step)
