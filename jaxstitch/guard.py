@@ -161,7 +161,7 @@ def _hashable(x):
 
 def _shapes(leaves: list) -> str:
     arrays = [x for x in leaves if hasattr(x, "dtype") and hasattr(x, "shape")]
-    text = ", ".join(f"{jnp.dtype(x.dtype).name}{list(x.shape)}" for x in arrays[:6])
+    text = ", ".join(f"{getattr(x.dtype, 'name', x.dtype)}{list(x.shape)}" for x in arrays[:6])
     return f"({text}{', ...' if len(arrays) > 6 else ''}; {len(arrays)} arrays)"
 
 
