@@ -22,8 +22,8 @@ dtype: the results are the same up to the products' order of accumulation.
 regions (`fold_batched`'s OPENING: a product's transpose that an op computing with it reads, as
 BERT's bias gradients do); 2 every fold. Measured (H100, GPU busy time a step, CUPTI, 3 rounds, one
 process each): GPT bfloat16 11.63-11.69 ms with none, 11.70-11.73 with every fold (XLA moves its
-transposes between kernels; session 43 and 44); 1 folds nothing there. BERT float32 18.11-18.15 ms
-with none, 17.97-18.11 with 1, 17.78-17.84 with 2 (session 44, two runs; every fold gains more in
+transposes between kernels); 1 folds nothing there. BERT float32 18.11-18.15 ms
+with none, 17.97-18.11 with 1, 17.78-17.84 with 2 (two runs; every fold gains more in
 BERT, loses in GPT, and the operand folds alone gain nothing: 18.18); BERT bfloat16 9.61 against
 9.62 with 1. With every fold and `product_concats=1`, GPT's rotary backward becomes ours: 11.81 ms
 (its 12 kernels at ~51% of their roofline, while XLA's kernels lose only 76 us).
@@ -50,7 +50,7 @@ def fold_batched(eqns: Sequence, outputs: Sequence[ir.Atom],
     for a swapped product whose result is still transposed. `which`: EVERY fold, or OPENING: only a
     product's transpose whose result an op that computes reads (_computed_with), which no region of
     ours could read before the fold; elsewhere the transpose is XLA's either way, and moving it
-    between XLA's kernels gained nothing (GPT, session 43)."""
+    between XLA's kernels gained nothing (GPT)."""
     eqns, n_out = _fold_outputs(list(eqns), outputs, new_value, which == OPENING)
     n_in = 0
     if which == EVERY:

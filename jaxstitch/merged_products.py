@@ -3,8 +3,8 @@
 A SwiGLU MLP computes x Wg and x Wu. Its backward pass computes dWg = x^T dg and dWu = x^T du (one
 operand shared) and dx = dg Wg^T + du Wu^T (a sum of products). XLA's dot merger joins products
 that share an operand, but after fusion: it copies dg and du into [dg | du] with a kernel of its
-own, since dx's products read each of them too, and it never joins a sum. GPT bfloat16 on an H100
-(session 41): that copy took 25 us a layer, after two sibling kernels writing dg and du (24 + 16
+own, since dx's products read each of them too, and it never joins a sum. GPT bfloat16 on an H100:
+that copy took 25 us a layer, after two sibling kernels writing dg and du (24 + 16
 us), where the three move ~28 us of bytes at the bandwidth.
 
 Written here before partitioning, the products read concatenations: [dg | du] is made by the ops
@@ -17,13 +17,13 @@ layout or view op (so the kernel making it writes the concatenation instead) and
 but products merged over that same concatenation. Elsewhere a concatenation would be a copy the
 merge need not repay, and the products stay as they are.
 
-XLA does not write such a concatenation from its operands' kernels: at GPT's shapes (H100, session
-41) it wrote dg and du and copied them, the MLP block's GPU time 324 us against 311 as written (and
+XLA does not write such a concatenation from its operands' kernels: at GPT's shapes (H100) it
+wrote dg and du and copied them, the MLP block's GPU time 324 us against 311 as written (and
 the whole bfloat16 step 13.14 ms against 12.24), where our kernels writing [dg | du] took 286 us
 (jax.jit 314). So the cost model counts XLA's copy (plan/cost.py, `xla_copied`) and the region
 holding the concatenation is ours. With the weight gradients written in the weights' layout
 (transposed_products.py) and the merged forward product's halves read in place (recompute.py),
-GPT bfloat16's step (H100, session 42) took 11.64 ms of GPU time against 12.19 as written (jax.jit
+GPT bfloat16's step (H100) took 11.64 ms of GPU time against 12.19 as written (jax.jit
 13.20). On by default (`JAXSTITCH_TUNE=merge_products=0` turns it off).
 """
 from __future__ import annotations
@@ -308,7 +308,7 @@ def mark_product_concatenations(eqns: Sequence, outputs: Sequence[ir.Atom]) -> t
     those too: GPT's rotary backward concatenates dq, dk and dv for the q/k/v projection's products,
     and XLA wrote the concatenation in the layout of the products making dq, dk and dv, then
     transposed it for the weight gradient's (`input_concatenate_fusion` and `wrapped_transpose`, 12
-    each a step, in jax.jit's program as well; H100, session 43). Off by default
+    each a step, in jax.jit's program as well; H100). Off by default
     (`JAXSTITCH_TUNE=product_concats=1`): that region's kernel, the one it would make ours, needs 168
     registers a thread with the GPU machines' NVRTC and is declined there; built anyway (the cap
     lifted at 4 rows a warp), GPT bfloat16's step was slower, 11.63 -> 11.86 ms busy."""

@@ -241,7 +241,7 @@ def _resident_warps(kernel, registers: int, target: Target) -> int | None:
 
 # Whether a region plans as one kernel, by its structure (partition.structure): partitioning asks
 # thousands of times, mostly of the same few shapes of region (BERT-base's step: 2134 regions
-# planned, ~2.4 s of its ~5.6 s build on the CPU machine, session 27).
+# planned, ~2.4 s of its ~5.6 s build on the CPU machine).
 _FITS: dict[tuple, bool] = {}
 _FITS_MAX = 1 << 16
 

@@ -248,7 +248,7 @@ def _unrounds(chain: list[ir.Op]) -> bool:
     by the same value, where it would otherwise read the rounded one: the identity its
     `p * (dp - sum(p * dp))` relies on, that the exponentials add up to their sum, then holds to
     float32 (with it, an attention block's exactly-0 key-bias gradient came out 0.6-1.0 from 0
-    against 0.8-1.5 without, H100, session 45). The float32 sum costs twice the bytes of the
+    against 0.8-1.5 without, H100). The float32 sum costs twice the bytes of the
     rounded one, a row's value, next to the rows themselves."""
     return any(op.param(wide_converts.KEEP_FLOAT) for op in chain)
 

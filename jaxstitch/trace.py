@@ -504,8 +504,8 @@ _BODY_PARAMS = {"scan": ("jaxpr",), "while": ("cond_jaxpr", "body_jaxpr"), "cond
 def bodies(eqn: Eqn) -> list[tuple[tuple[str, int], Any]]:
     """(key, ClosedJaxpr) for each body of a control-flow equation; key = (param, branch index).
     (jax 0.11 merged the classes, `ClosedJaxpr = Jaxpr`, the constants carried by the Jaxpr: a
-    scan's body there is such a Jaxpr and is planned like any other; session 26 checked this on
-    the GPU machine's jax 0.11.2.)"""
+    scan's body there is such a Jaxpr and is planned like any other; checked on the GPU machine's
+    jax 0.11.2.)"""
     out = []
     for name in _BODY_PARAMS.get(eqn.primitive.name, ()):
         val = eqn.params.get(name)

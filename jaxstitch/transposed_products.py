@@ -3,7 +3,7 @@
 Autodiff writes a weight's gradient as `transpose(dot_general(dy, x))`: the product in the order its
 cotangent rule builds it, then a transpose into the weight's layout. For jax.jit's program XLA folds
 the transpose into the product (cuBLAS writes either orientation). In a program with merged
-products (merged_products.py) it did not: GPT bfloat16's compiled HLO (H100, session 42) ran every
+products (merged_products.py) it did not: GPT bfloat16's compiled HLO (H100) ran every
 down projection's AdamW update as a transposing fusion (12 x 68 us, reading the weight, both
 moments and the split-K gradient in the other orientation, and a copy after), where jax.jit's
 reads them in place (~17 us of bytes each). Folded here (and the merged product's halves read in

@@ -14,7 +14,7 @@ also writes is read rounded, cuda_ops.written_half). Where a compare, a conversi
 a bitcast, a floor and the like reads it, directly or through such ops, its rounding stays. Only
 bfloat16: float16's narrow range makes its rounding an overflow to infinity as well.
 
-Measured (H100, session 45): an attention block's bfloat16 gradients a little nearer float32
+Measured (H100): an attention block's bfloat16 gradients a little nearer float32
 (the key bias's, exactly 0: 0.6-1.0 against 0.8-1.5 from it, jax.jit's 2.8-6.7), but the rule
 rounds less than XLA does where its ops are native: a DIEN-like tile kernel whose row sum feeds
 `exp(s - max(s))` ended 8% of its largest value from jax.jit's. So it is off by default.

@@ -1,6 +1,6 @@
 """Norm backwards with grid-wide column reductions (dgamma, dbeta) at transformer shapes, alone:
-jax.jit against jaxstitch.jit with JAXSTITCH_TUNE specs (default: col_group=8, the column finish
-before session 44, and min_threads=1024), GPU time of one call (CUPTI span, median of calls), and
+jax.jit against jaxstitch.jit with JAXSTITCH_TUNE specs (default: col_group=8, the former column
+finish, and min_threads=1024), GPU time of one call (CUPTI span, median of calls), and
 the same backward without its column reductions: what the grid barrier and the finish cost.
 
     python3 scripts/colreduce_probe.py [--rows 4096 16384] [--tune SPEC ...]

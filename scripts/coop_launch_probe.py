@@ -1,6 +1,6 @@
 """What a cooperative launch costs the host, against a plain one: an empty kernel launched through
-the CUDA driver (cuda.bindings), with and without the 16-byte memset our launcher put before a
-grid-barrier kernel (until session 17), at several dynamic shared-memory sizes.
+the CUDA driver (cuda.bindings), with and without the 16-byte memset our launcher once put before a
+grid-barrier kernel, at several dynamic shared-memory sizes.
 
     python3 scripts/coop_launch_probe.py
 

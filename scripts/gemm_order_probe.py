@@ -2,7 +2,7 @@
 
 BERT's MLP fc2 weight gradient, dW = h^T dy over the batch and sequence axes, ran on a slower cuBLAS
 kernel under jaxstitch than under jax.jit, where XLA's Triton gemm rewriter fuses dy's producer and
-then swaps the dot's operands (docs/perf_notes.md, session 29). This times jax.jit alone on the same
+then swaps the dot's operands (docs/perf_notes.md). This times jax.jit alone on the same
 product written four ways (as written, operands swapped and transposed back, swapped and left
 [H, F], and with a fusable producer of dy), at BERT-base's shape, float32.
 

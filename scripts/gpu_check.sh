@@ -8,10 +8,10 @@
 # $OUT when it is set (the device runner's output folder), else to /tmp/jaxstitch_gpu_check.
 # Environment: QUICK=1 passes --quick to the benchmark; SKIP_TESTS=1 skips pytest; BENCH_ARGS adds
 # benchmark arguments (e.g. BENCH_ARGS="--only softmax_fwdbwd --dtype bfloat16"); PYTHON picks the
-# interpreter (default python3). PART=I/N runs every N-th GPU test from the I-th (tests/conftest.py:
-# the whole set took 513-584 s on warm H100s in session 34, near the device runner's 10 minutes a
-# call, and half of it ran past 325 s on a fresh one), and ONLY_TESTS=1 stops after the tests:
-# `PART=1/3 ONLY_TESTS=1 bash scripts/gpu_check.sh`, then 2/3 and 3/3.
+# interpreter (default python3). PART=I/N runs every N-th GPU test from the I-th (tests/conftest.py),
+# and ONLY_TESTS=1 stops after the tests. The whole set now takes about 1000 s on an H200 (part 1/2
+# took 529 s on 2026-11-29, and part 2/2 ran past 465 s), more than one device call's 10 minutes, so
+# run it in three parts: `PART=1/3 ONLY_TESTS=1 bash scripts/gpu_check.sh`, then 2/3 and 3/3.
 set -u -o pipefail
 
 cd "$(dirname "$0")/.." || exit 1

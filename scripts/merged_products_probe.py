@@ -1,7 +1,7 @@
 """The SwiGLU MLP's gradients at GPT's shapes (x [4096, 768] bfloat16), GPU span of one call (CUPTI,
 median of 7) and its largest kernels: jax.jit, then jaxstitch.jit with the products as written and
 merged over concatenations (merged_products.py), each as planned and with every region forced ours.
-Session 41 (H100): 314 / 311 / 324 (merged, XLA writing [dg | du]) / 286 us (merged, forced).
+Measured (H100): 314 / 311 / 324 (merged, XLA writing [dg | du]) / 286 us (merged, forced).
 
     python3 scripts/merged_products_probe.py   (GPU machines with torch)
 """

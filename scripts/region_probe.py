@@ -1,6 +1,6 @@
 """Each kind of region of a train step, timed alone: XLA's kernels for it (jax.jit of the region's
 equations) against ours forced (JAXSTITCH_TUNE=min_gain_pct=0), GPU time per call by CUPTI, beside
-the cost model's two estimates. It finds regions the model misjudges, as session 24's softmax
+the cost model's two estimates. It finds regions the model misjudges, such as a softmax
 backward (XLA's "one kernel" was two: plan/diamonds.py). A region alone is not the region in its
 step: XLA may fuse across its edges there. So a finding is a lead to check on the whole step
 (scripts/step_ab.py), not a result.

@@ -1,5 +1,5 @@
 """How far bfloat16 results are from float32, under jax.jit and jaxstitch.jit with JAXSTITCH_TUNE
-specs, in one process (session 45's check of cuda_ops.written_half, session 46's of the scans):
+specs, in one process (it checked cuda_ops.written_half and the scans' unrounded carry):
 
     python3 scripts/rounding_probe.py [--case attention|gru] [--seeds 6] [--tune wide_converts=1 ...]
 

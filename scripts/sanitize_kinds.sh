@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# compute-sanitizer memcheck and racecheck over the kernel kinds added after session 8 (scans along
-# rows, variadic reductions, transposed tiles) and the paired rotary kernels (session 28):
+# compute-sanitizer memcheck and racecheck over the newer kernel kinds (scans along rows,
+# variadic reductions, transposed tiles) and the paired rotary kernels:
 #   bash scripts/sanitize_kinds.sh [CASES]   (default: scans,variadic,transpose,rmsnorm_rope)
 # Reports go to $OUT (or /tmp); the summary lines are printed. The host process has segfaulted under
-# the tool before (sessions 3-4, 27): a tool's run is retried once.
+# the tool before: a tool's run is retried once.
 cd "$(dirname "$0")/.." || exit 1
 CASES=${1:-scans,variadic,transpose,rmsnorm_rope}
 LOGS=${OUT:-/tmp}

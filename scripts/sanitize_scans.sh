@@ -3,9 +3,9 @@
 # machine: bash scripts/sanitize_scans.sh. CASES: scripts/sanitize_run.py's cases, comma-separated
 # (default: one of each kind of recurrent test case). Each case runs in a process of its own under
 # each tool, bounded by LIMIT seconds (default 90): the host process sometimes segfaults under the
-# tool (session 26: 4 of 21 runs), so a crash loses one case and is retried twice. Nothing is piped:
+# tool (4 of 21 runs once), so a crash loses one case and is retried twice. Nothing is piped:
 # a `timeout` ends compute-sanitizer, but the Python process under it may live on and, through a
-# pipe, keep a reader waiting (session 25 lost its device time that way); leftovers are killed.
+# pipe, keep a reader waiting (a device call's whole time was once lost that way); leftovers are killed.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 LOGS=${OUT:-/tmp/jaxstitch_sanitize}

@@ -1,7 +1,7 @@
 """Rows whose reductions read an expensive elementwise chain (tanh, erf, exp): XLA's one kernel
 against ours, by GPU time, beside the cost model's estimates. XLA runs such a region as one kernel,
-so the cost model expects ~1.06x and leaves it to XLA; fig7_chain in bfloat16 measured 1.28x forced
-(session 35), with XLA at 72% of the roofline. Is the transcendental chain what slows XLA down?
+so the cost model expects ~1.06x and leaves it to XLA; fig7_chain in bfloat16 measured 1.28x
+forced, with XLA at 72% of the roofline. Is the transcendental chain what slows XLA down?
 
     python3 scripts/transcendental_probe.py [--shape 32768,2048] [--calls 7]
 """

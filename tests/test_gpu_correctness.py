@@ -1068,8 +1068,8 @@ def test_batched_folds_match_xla(monkeypatch, case, dtype):
 @pytest.mark.parametrize("draw", range(3))
 def test_attention_gradients_keep_their_identities(draw):
     """An attention block's bfloat16 gradients (q/k/v projection with biases; the key bias's is
-    exactly 0) are no further from float32 than jax.jit's: within 1.5x its distance. Before
-    session 45 they were 1.5-5x further on every one of 25 seeds (the softmax forward subtracted
+    exactly 0) are no further from float32 than jax.jit's: within 1.5x its distance. Formerly
+    they were 1.5-5x further on every one of 25 seeds (the softmax forward subtracted
     its row max unrounded but wrote it rounded for the backward, which recomputed the exponentials
     from it: cuda_ops.written_half), and now 1.1-5x nearer (H100, 6 seeds)."""
     seed = (RUN_SEED + zlib.crc32(f"identities/{draw}".encode())) % (1 << 63)
@@ -1105,8 +1105,8 @@ def test_remote_updates_of_half_state_match_xla(dtype):
 @pytest.mark.parametrize("dtype", list(DTYPES))
 def test_attention_forward_writing_only_probabilities_matches_xla(dtype):
     """GPT's attention and its gradients as planned: the forward writes the probabilities alone and
-    the backward recomputes the masked exponentials from the scores the product wrote (recompute.py,
-    session 47), against jax.jit."""
+    the backward recomputes the masked exponentials from the scores the product wrote (recompute.py),
+    against jax.jit."""
     specs = [jax.ShapeDtypeStruct(s.shape, DTYPES[dtype]) for s in ATTENTION_SPECS]
     seed = (RUN_SEED + zlib.crc32(f"gpt_attention/{dtype}".encode())) % (1 << 63)
     args = random_inputs(specs, seed)

@@ -289,6 +289,6 @@ def test_blocks_of_dien_train_step():
     # Sums over rows taken per block move gradients with cancellation by ~1e-4 of their scale. The
     # attention MLP's last bias feeds a softmax (shift-invariant): its gradient is rounding noise
     # (~1e-11 to 1e-10) on both sides, and Adam's first step moves it by lr * g / (|g| + eps) of
-    # noise (lr 1e-3, eps 1e-8), ~1e-6 to 1e-5 either way: hence the atol (1e-5 was passed by 2% on a CPU machine in session 44,
-    # -6.1e-6 against 4.1e-6, at every commit back to session 43's).
+    # noise (lr 1e-3, eps 1e-8), ~1e-6 to 1e-5 either way: hence the atol (1e-5 was passed by 2% on a CPU machine,
+    # -6.1e-6 against 4.1e-6, at older commits alike).
     assert _check_blocks(flat, leaves, 1e-3, atol=2e-5) == 4

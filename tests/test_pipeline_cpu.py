@@ -257,7 +257,7 @@ def test_a_converted_vector_is_a_column_where_rows_equal_columns(dtype):
     """At N == C a vector of N elements could be a row or a column value: how the region uses it
     says which (layout._input_hints). A layernorm's gamma converted to float32 before its broadcast
     takes the column reading through the convert, so a square exact-GELU layernorm plans as the one
-    region it is at other shapes (it was split into three, the converts apart, before session 36)."""
+    region it is at other shapes (it was once split into three, the converts apart)."""
     x, v = S((1024, 1024), DTYPES[dtype]), S((1024,), DTYPES[dtype])
     report = explain(WORKLOADS["gelu_layernorm"].fn, x, v, v, v)
     assert len(report.regions) == 1 and report.regions[0].stitched, str(report)
@@ -707,7 +707,7 @@ def test_column_group_gives_nearly_every_block_a_share(cols, grid, group):
 @pytest.mark.parametrize("spec,group", [(None, 2), ("col_group=8", 8), ("col_group=1", 1)])
 def test_column_sums_finish_in_the_planned_groups(spec, group, monkeypatch):
     """A layernorm backward's dgamma and dbeta over 768 columns: after the grid barrier a block
-    sums 2 columns' partials (8 before session 44, which left most of 528 blocks idle), and its
+    sums 2 columns' partials (8 left most of 528 blocks idle), and its
     threads' loads are unrolled; JAXSTITCH_TUNE=col_group=K sets the group."""
     if spec:
         monkeypatch.setenv("JAXSTITCH_TUNE", spec)

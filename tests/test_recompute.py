@@ -240,7 +240,7 @@ def _softmax_regions(monkeypatch, tune, specs=ATTENTION_SPECS):
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_the_attention_forward_writes_only_the_probabilities(monkeypatch, dtype):
-    """The backward recomputes the masked scores' exponentials: before session 47 from the scaled
+    """The backward recomputes the masked scores' exponentials: formerly from the scaled
     scores, which the forward wrote for it, and the forward also wrote the float32 exponentials
     (their chain runs through the causal mask, which no kernel writes, so _drop_unread kept them).
     Now the backward reads the scores the product wrote (the scaling is one division by a

@@ -163,7 +163,7 @@ def test_a_remote_update_reads_the_momentum_it_writes_rounded(dtype, rounding):
 def test_a_scan_keeps_its_half_carry_in_float():
     """A GRU over a sequence (lax.scan) in bfloat16: the persistent scan keeps the hidden state a
     float from step to step, where XLA rounds it to bfloat16 every step. Rounding it (and the
-    per-step results the backward reads) where the step makes them was tried in session 46: over
+    per-step results the backward reads) where the step makes them was tried: over
     50 steps its forward and backward results went from 3-4x nearer float32 than jax.jit's to about
     as far, and no nearer jax.jit's own (H100, scripts/rounding_probe.py --case gru). So the carry's
     new value is copied unrounded into the next step."""

@@ -43,7 +43,7 @@ def test_dien_attention_stores_its_key_gradient_in_vectors(tmp_path, monkeypatch
 def test_half_precision_tiles_round_once_and_read_their_vectors_as_floats(tmp_path, monkeypatch):
     """bfloat16 DIEN: the key gradient is stored from its float (the store rounds; no js_round_bf16
     before it), and the query and output gradient, copied through registers, lie in shared memory
-    as floats, converted as they are stored there (71.1 -> 66 us on an H100, session 34). A block
+    as floats, converted as they are stored there (71.1 -> 66 us on an H100). A block
     on each tile."""
     code = _code(tmp_path, monkeypatch, WORKLOADS["dien_attention_fwdbwd"].fn, _dien_specs(jnp.bfloat16),
                  "teams=1")

@@ -434,8 +434,8 @@ def test_a_softmax_region_cut_from_its_computed_mask_stays_with_xla():
     refuses the multiply (a full-size result), which joins the softmax region (the mask read through
     a view), cut from the mask's. Here XLA runs the cut region as one kernel (a 1.05x estimate), so
     it stays XLA's. BERT's own region (flax's attention, 64.8 us in XLA by the estimates against our
-    30.8 a layer) saves more than planner.CUT_MIN_SAVING_US and is stitched since session 36, when
-    its step measured faster with it (session 22 had measured 20.53 against 20.36 ms, within noise)."""
+    30.8 a layer) saves more than planner.CUT_MIN_SAVING_US and is stitched, since
+    its step measured faster with it (an earlier measurement, 20.53 against 20.36 ms, was within noise)."""
     specs = (f32(32, 12, 128, 128), f32(1, 1, 128, 128))
     _, part = _traced(computed_mask, specs)
     assert [("mul" in {op.prim for op in r.ops}, r.cut) for r in part.regions] == [(False, True), (True, True)]

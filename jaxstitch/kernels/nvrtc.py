@@ -87,7 +87,7 @@ def cubin_resources(cubin: bytes) -> Resources | None:
     if it records none. The stack frame stands in for the spills: our kernels keep no local arrays.
     Why: on the GPU machines (NVRTC 13.0) the program log sometimes lacked ptxas's report, and a
     kernel then read as 0 registers and no spills (DIEN's tile grid sized for 12 blocks an SM where 9
-    fit), or reported another kernel's numbers (session 31)."""
+    fit), or reported another kernel's numbers."""
     try:
         shoff, = struct.unpack_from("<Q", cubin, 0x28)
         entsize, count, strndx = struct.unpack_from("<HHH", cubin, 0x3A)

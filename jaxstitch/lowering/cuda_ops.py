@@ -69,7 +69,7 @@ def written_half(region, loaded, root=None) -> dict[int, str]:
     row max, written in bfloat16 for its backward, which recomputes the exponentials from it, was
     subtracted unrounded in the forward kernel, so the backward's exponentials no longer added up
     to the sum the forward wrote (an attention block's bfloat16 gradients ended 1.5-5x further from
-    float32 than jax.jit's, H100, session 45). `loaded`: ids read from memory (rounded already);
+    float32 than jax.jit's, H100). `loaded`: ids read from memory (rounded already);
     `root`: the kernel's own id -> root id (by default layout_root)."""
     root = root or layout_root(region)
     return {root(o.id): o.dtype for o in region.outputs

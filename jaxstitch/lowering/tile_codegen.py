@@ -53,7 +53,7 @@ class _Emitter:
         self.vectors: set[int] = set()    # stashed inputs read as one vector per step of a width loop
         # A warp on each tile (plan/tile.teams) reads stashed inputs as vectors, and its EACH loops keep
         # b fixed: its shared-memory wavefronts bound it. A block on DIEN's float32 tile, bound by
-        # global memory, ran 94.3 -> 102.5 us with them (H100, session 48): not there.
+        # global memory, ran 94.3 -> 102.5 us with them (H100): not there.
         self.by_warp = plan.mapping.teams > 1
 
     # ---- values -------------------------------------------------------------------------------

@@ -21,14 +21,14 @@ XLA_EFFICIENCY = 0.85
 # an H100 a softmax backward, 8x12x512x512 float32, took 165.9 us for five passes (two kernels),
 # 101% of the copy bandwidth (96-103% over three shapes, float32 and bfloat16).
 XLA_SPLIT_EFFICIENCY = 1.0
-# Stitch only when the estimate wins by at least this much. Forced stitching on an H200 (session 3
+# Stitch only when the estimate wins by at least this much. Forced stitching on an H200 (earlier
 # kernels), estimated -> measured: RMSNorm with residual, backward, 1.20x -> 1.17x (float32) and
-# 1.34x -> 1.18x (bfloat16); bias+GELU backward over 1k columns 1.35x -> 1.32x. (With session 2's
+# 1.34x -> 1.18x (bfloat16); bias+GELU backward over 1k columns 1.35x -> 1.32x. (With still older
 # kernels the RMSNorm backward measured 0.89-1.14x, when this threshold was 1.5.)
 MIN_GAIN = 1.15
 # Rows of a few elements (several rows per warp, each thread a vector or two) reach less of the
 # bandwidth than the model's OUR_EFFICIENCY: bias+GELU backward over 16 columns, float32, estimated
-# 1.38x, measured 0.94x (session 3's kernels). With today's, unstaged (mapping.UNSTAGED_COLS), on an
+# 1.38x, measured 0.94x (those earlier kernels). With today's, unstaged (mapping.UNSTAGED_COLS), on an
 # H200 by GPU time: 84% of the copy bandwidth in float32 (1.31x over XLA's two kernels), 48% in
 # bfloat16 (1.45x; the exact erfc bounds it by instructions).
 NARROW_COLS = 32
@@ -52,7 +52,7 @@ SCAN_XLA_KERNELS = 4
 SCAN_XLA_PASSES = 4
 # XLA fuses a row reduction with the elementwise ops after it (one pass), but not with a slice,
 # concatenate or pad of its result: those run as a second kernel that reads the row inputs again.
-# Measured on an H100 (session 9): an RMS norm followed by a rotary embedding's slices and
+# Measured on an H100: an RMS norm followed by a rotary embedding's slices and
 # concatenate, [16384, 2048] float32: 2 XLA kernels, 188 us at 49% of the roofline.
 # A kernel that reads full-size values through gathers (several shifted views of one input, each
 # with its own index arithmetic) is bound by the instructions its SMs issue, not by HBM: it takes
@@ -60,21 +60,21 @@ SCAN_XLA_PASSES = 4
 # (RMS norm + rotary embedding, [16384, 2048], per op of the region that computes, times elements, per
 # us): forward 7.4e6 (float32) and 8.7e6 (bfloat16), forward+backward 5.9e6 (both), on an H100's 132
 # SMs; the forward+backward in float32 took 367.6 us on an H100 and 341.9 us on an H200, where the
-# byte count alone predicted 209 and 158 us (and 0.89x on the H200, session 13). Calibrated on the
+# byte count alone predicted 209 and 158 us (and 0.89x on the H200). Calibrated on the
 # float32 forward, the fastest of them, so the estimate stays on our side.
 GATHER_OPS_PER_SM_US = 7.4e6 / 132
 # A kernel drawing dropout's random bits (threefry, ~120 integer ops an element, jaxstitch/prng.py)
 # is bound by the integer ops its SMs issue (half the float rate on sm_80/sm_90), on both sides, and
 # XLA's loop fusion issues fewer of them per microsecond than our row kernel. Measured on an H100
-# (bias + GELU + dropout, [16384, 4096], 120 full-size integer ops an element, session 20): XLA
+# (bias + GELU + dropout, [16384, 4096], 120 full-size integer ops an element): XLA
 # 441.8 us (float32) and 425.9 us (bfloat16), ours forced 359.6 and 358.8 us; per SM and us,
 # elements times integer ops. Ours from the slower of its two, XLA's from the faster of its two.
 OUR_INT_OPS_PER_SM_US = 120 * 16384 * 4096 / 359.6 / 132
 XLA_INT_OPS_PER_SM_US = 120 * 16384 * 4096 / 425.9 / 132
 # XLA runs a region whose row reductions are read back over the row (a layernorm, a softmax) as one
 # Triton kernel (kind=kCustom in its HLO) that holds the row in registers, and its erfc is slow there:
-# it adds its time to the loads' rather than hiding under them. Measured on an H100 (session 35,
-# scripts/transcendental_probe.py, [32768, 2048]): an exact GELU (one erfc an element) before a
+# it adds its time to the loads' rather than hiding under them. Measured on an H100
+# (scripts/transcendental_probe.py, [32768, 2048]): an exact GELU (one erfc an element) before a
 # layernorm took 663 us (float32) and 487 us (bfloat16) where the layernorm alone takes 181 and 94
 # us: 0.78-0.95 ns more an element per SM; ours 193 and 106 us. tanh and exp cost XLA 0.02-0.1 ns an
 # element per SM in the same kernels (fig7_chain, a tanh GELU, a soft-capped softmax), which the
@@ -163,7 +163,7 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     run the region as one kernel; `xla_slow`: xla_slow_ns of the region's ops, added where XLA runs
     a row reduction read back over the row as one kernel; `xla_copied`: bytes of the concatenations
     merged_products.py wrote for products, which XLA copies in a kernel of their own after writing
-    their operands (SwiGLU's gradients at GPT's shapes, H100, session 41: XLA's kernels around the
+    their operands (SwiGLU's gradients at GPT's shapes, H100: XLA's kernels around the
     merged products 324 us against 311 as written, ours 286); `skipped_bytes`: what our kernel
     need not read of its inputs (past a causal mask's prefix of each row: plan/prefixes.py), which
     XLA reads."""

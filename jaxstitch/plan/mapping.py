@@ -76,7 +76,7 @@ class Tuning:
     input no one else reads and takes in chains sharing a leaf together, 3 (the default) also
     trades a leaf no kernel writes for the written value one chain before it, and stops writing a
     value rebuilt from written values and positions (GPT's attention forward: the scaled scores
-    and the float32 exponentials, session 47); `variants`: 0
+    and the float32 exponentials); `variants`: 0
     gives a shape family's long rows no split-row kernels for few rows (families.py's ladder);
     `split_rows`: the rows a forced split's stash is sized for, where a family's variant runs (its
     samples have more); `diamonds`: 0 has the cost model take every row reduction for fused by XLA
@@ -95,31 +95,31 @@ class Tuning:
     `merge_products`: 1 (the default) writes matrix products that share an operand, or whose
     results are summed, as one product over concatenations their producers write, and in such a
     program folds transposes of products into them (merged_products.py, transposed_products.py;
-    GPT bfloat16, H100, session 42: 12.19 -> 11.64 ms busy); 0 keeps them as written;
+    GPT bfloat16, H100: 12.19 -> 11.64 ms busy); 0 keeps them as written;
     `batched_folds`: folds batched products' transposes of the minor axis into them
     (batched_products.py): 1 (the default) those an op computing with the result reads, 2 every
     one, 0 none; `product_concats`: 1 counts every concatenation only products read as one XLA
     copies (merged_products.mark_product_concatenations);
     `cut_saving_us`: the estimated saving (in µs) a region cut from an unplannable neighbour needs
     before it is stitched (planner.CUT_MIN_SAVING_US; a large value leaves every such region to
-    XLA, as before session 36); `cmd_buffers`: 0 launches our kernels between XLA's command buffers
+    XLA); `cmd_buffers`: 0 launches our kernels between XLA's command buffers
     (CUDA graphs) instead of letting XLA trace them into one (kernels/ffi.py TARGET_PLAIN): in one
-    process (session 37) slower for BERT in both dtypes and for GPT, faster within noise for DIEN,
+    process slower for BERT in both dtypes and for GPT, faster within noise for DIEN,
     so 1 stays the default; `xla_kernels`: 1 hands kernels the launcher is not needed for to XLA's
     own kernel call as PTX (kernels/xla_kernel.py), which XLA records into its graphs as kernel
-    nodes; 0 (the default: session 38 measured no gain on BERT's or GPT's step) launches every
+    nodes; 0 (the default: no gain measured on BERT's or GPT's step) launches every
     kernel through the launcher; `col_group`: columns a block finishes together after a grid
-    barrier (0, the default: the fewest that leave a group to nearly every block, planner.column_group;
-    8 was the only choice before session 44); `one_wave`: 1 launches a grid-stride row kernel with
+    barrier (0, the default: the fewest that leave a group to nearly every block, planner.column_group);
+    `one_wave`: 1 launches a grid-stride row kernel with
     as many blocks as its cubin lets reside at once (mapping.one_wave), where its registers leave
     fewer blocks an SM than the plan's grid assumed (8 of 256): GPT's attention softmax, 73
     registers, runs 1056 blocks in 2.67 waves of 396; 0 (the default: no gain on GPT's or BERT's
-    bfloat16 step, H100, session 45) keeps the plan's grid; `wide_converts`: 1 computes on a
+    bfloat16 step, H100) keeps the plan's grid; `wide_converts`: 1 computes on a
     conversion to bfloat16 unrounded where only arithmetic reads it (wide_converts.py), and has a
     backward read a softmax's float32 sum (recompute._unrounds); 0 (the default) rounds every one,
     as the jaxpr says: 1 moved an attention block's bfloat16 gradients a little nearer float32 but
     rounded less than XLA does on Hopper, whose bfloat16 max, sub and exp are native (a DIEN-like
-    tile kernel then ended 8% of its largest value from jax.jit's; H100, session 45); `prefixes`: 0
+    tile kernel then ended 8% of its largest value from jax.jit's; H100); `prefixes`: 0
     has stage copies read whole rows even where a causal mask reads only a prefix of each
     (plan/prefixes.py); `teams`: tiles a tile kernel's block works on at once, one a warp (1: the
     block on one tile; plan/tile.TILE_TEAMS by default)."""
@@ -362,7 +362,7 @@ def split_count(n: int, c: int, vec: int, target: Target) -> int:
     statistics over 8 rows of 256k float32: 17 slices 15.3 us, 16 slices 12.1). Two per SM
     measured slower where one per SM keeps the SMs busy (H200, softmax fwd+bwd over 32 rows of
     256k, 8 slices against 4: bfloat16 38.6 against 33.6 us, float32 66 against 60, by the wall
-    clock, which for calls this short is mostly the host's dispatch: by GPU time, session 27, 8
+    clock, which for calls this short is mostly the host's dispatch: by GPU time 8
     slices are faster in bfloat16 and `_two_per_sm_same_share` takes them; H100 statistics, 9
     rows: 29 slices 18.0 us against 14 slices 11.6). Two to an SM need the
     kernel's registers to allow 1024 threads an SM (59 here), else its grid is capped and blocks
@@ -392,7 +392,7 @@ def tasks_per_sm(rows: int, splits: int, target: Target) -> int:
 
 def busiest_sm_share(rows: int, splits: int, target: Target) -> float:
     """The share of a row the busiest SM reads: what a split kernel's time follows (about 5 us plus
-    the bytes each SM reads, H100, sessions 17 and 18)."""
+    the bytes each SM reads, H100)."""
     return tasks_per_sm(rows, splits, target) / splits
 
 
@@ -462,8 +462,7 @@ def _stash_in_rounds(n: int, c: int, vec: int, budget: int, current: int, itemsi
     H100, GPU time (CUPTI), softmax fwd+bwd over 32 rows of 256k float32: 4 slices in one round,
     3/8 stashed, 57.7-59.2 us; 8 slices in two rounds, 3/4 stashed, 53.0-53.7; whole slices in
     more rounds lost that again (16 slices, one block an SM, 60.0; 32 slices, three, 55.0). In
-    bfloat16, where one round already stashes 3/4, two rounds of whole slices ran 30.8 against 26.2
-    (session 49)."""
+    bfloat16, where one round already stashes 3/4, two rounds of whole slices ran 30.8 against 26.2."""
     share, want = _stashed_share(n, c, vec, budget, current, itemsizes, target, max_tpr)
     k = current
     while 0 < share < 0.5 and 2 * k <= most_splits(c, vec, target):

@@ -377,7 +377,7 @@ CUT_RESULT_FRACTION = 2e-4
 # What XLA fuses across the cut is unseen here, so this is set from measured cases: DIEN's softmax
 # over 50 steps (estimated 13.6 -> 6.6 us) lost 11% stitched alone; BERT's attention softmax
 # forward (estimated 64.8 -> 30.8 us a layer at 128 tokens, 242.8 -> 115.1 at 512) took its step
-# from 19.56 to 19.33 ms at 128 tokens and from 25.07 to 24.21 at 512 (float32, H100, session 36).
+# from 19.56 to 19.33 ms at 128 tokens and from 25.07 to 24.21 at 512 (float32, H100).
 CUT_MIN_SAVING_US = 20.0
 # A region this small moves its bytes in about a microsecond: both sides are launches, and XLA fuses
 # small shapes more than the cost model assumes. Measured on an H200 (jax 0.11.2, GPU time): a layer

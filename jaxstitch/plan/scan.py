@@ -493,8 +493,8 @@ def _aligned(n: int) -> int:
 
 # What one step of a persistent scan costs in a block, and one iteration of XLA's while loop around
 # its kernels. Ours: first guesses (0.4 and 0.03 us) times the 1.45 DIEN's GRU fwd+bwd measured
-# over them on an H100; XLA's: a first guess, which came out 1.27x slow there (docs/perf_notes.md,
-# session 25), so the model still errs towards our kernel by that much.
+# over them on an H100; XLA's: a first guess, which came out 1.27x slow there (docs/perf_notes.md),
+# so the model still errs towards our kernel by that much.
 STEP_US = 0.58         # the step's loop, its two block barriers and the per-step loads' latency
 OP_US = 0.044          # one op's pass over its elements in shared memory, per element a thread
 FMA_PER_US = 5.0e4     # one SM's multiply-adds a microsecond from shared memory

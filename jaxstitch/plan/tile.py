@@ -49,7 +49,7 @@ STASH, GLOBAL, INLINE, ARRAY, REG = "stash", "global", "inline", "array", "reg"
 # keys copied as vectors rather than by cp.async: 110 -> 99 us on an H100 (kernel alone). Holding
 # the vectors in registers to the tile's end instead (as REGS does) gained nothing: its loads stayed
 # in flight across the tile's loops (109 us; 98 where ptxas happened to spill one and so waited for
-# them at the start) (docs/perf_notes.md, session 31).
+# them at the start) (docs/perf_notes.md).
 ASYNC, VECTORS, REGS, SYNC = "async", "vectors", "regs", "sync"
 # A half-precision input copied through registers (REGS: a query or an output gradient along b) is
 # stashed as float32, converted once a tile as it is stored rather than at every read: the loops
@@ -71,11 +71,11 @@ ROW_STEP = "row"
 NOT_A_TILE = "no batch of tiles"
 MAX_TILE_SMEM = 64 * 1024
 # Threads per block. DIEN's 50x36 tiles on an H100: 128 was 1.16x faster than 256 (more tiles in
-# flight); 64 was 1.20x faster in bfloat16 but 0.92x in float32 (docs/perf_notes.md, session 7).
+# flight); 64 was 1.20x faster in bfloat16 but 0.92x in float32 (docs/perf_notes.md).
 TILE_BLOCK = 128
 # Tiles a block works on at once, each by one warp (1: the whole block on one tile): a warp's tile
 # ends its epochs at the warp's barrier, where the block's waits at a block barrier with idle warps
-# (epochs of one warp, loops over 36 columns). DIEN's 50x36 tiles on an H100 (session 48), GPU time:
+# (epochs of one warp, loops over 36 columns). DIEN's 50x36 tiles on an H100, GPU time:
 # bfloat16 63.7 -> 54.0 us (20 warps an SM); float32 94.3 -> 102.6 (its tiles' shared memory leaves
 # 12 warps an SM), so a warp takes a tile only where MIN_TEAM_WARPS of them fit an SM.
 TILE_TEAMS = 4
@@ -669,7 +669,7 @@ def _one_warp_epochs(steps: list[TileStep], tv: dict[int, TileValue], producer: 
     """Epochs of row-scalar reductions and maps along one axis only, whose registers no later epoch
     reads: every warp would reduce the same values into the same registers, so the first warp runs
     them alone (its maps then walk the axis by lanes) and the others wait at the epoch's barrier.
-    DIEN's softmax statistics, bfloat16: 83.8 -> 70.0 us (H100, session 31)."""
+    DIEN's softmax statistics, bfloat16: 83.8 -> 70.0 us (H100)."""
     chosen = []
     for e in sorted({s.epoch for s in steps}):
         here = [s for s in steps if s.epoch == e]
@@ -728,8 +728,8 @@ def lanes_per_a(block: int, ta: int, tb: int) -> int:
 
 def takes_pairs(values, tb: int) -> bool:
     """Whether loops along b take two consecutive b a step: the tile's width is even and a 2-byte
-    input lies in shared memory in tile order. DIEN's attention in bfloat16: 73.2 -> 69.5 us (H100,
-    session 31), though its SASS still loads the two elements as two 2-byte loads (session 34)."""
+    input lies in shared memory in tile order. DIEN's attention in bfloat16: 73.2 -> 69.5 us (H100),
+    though its SASS still loads the two elements as two 2-byte loads."""
     return tb % 2 == 0 and any(t.home == STASH and t.domain == FULL and not t.order and t.value.itemsize == 2
                                and not t.wide for t in values)
 
