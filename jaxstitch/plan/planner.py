@@ -432,7 +432,7 @@ def _plan_tile(region: Region, target: Target, tuning: mapping_mod.Tuning, relax
     try:
         kernel = tile.plan_tile(region, target, tuning, bool(tuning.fast_exp) and fast_exp(region))
     except Unplannable as e:
-        why = row_reason if str(e).startswith(tile.NOT_A_TILE) else f"{row_reason}; as a batch of tiles: {e}"
+        why = row_reason if isinstance(e, tile.NotATile) else f"{row_reason}; as a batch of tiles: {e}"
         return RegionPlan(region, None, None, why)
     if relaxed:
         kernel = dataclasses.replace(kernel, mapping=dataclasses.replace(kernel.mapping, min_blocks=1))

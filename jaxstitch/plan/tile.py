@@ -68,6 +68,11 @@ EACH, ALONG_B, ALONG_A, MAP_A, MAP_B = "each", "along_b", "along_a", "map_a", "m
 EACH_ALONG_A = "each_along_a"
 ROW_STEP = "row"
 
+class NotATile(Unplannable):
+    """The region has no tile shape at all (as opposed to a tile plan that failed): the report
+    then gives the row space's reason alone."""
+
+
 NOT_A_TILE = "no batch of tiles"
 MAX_TILE_SMEM = 64 * 1024
 # Threads per block. DIEN's 50x36 tiles on an H100: 128 was 1.16x faster than 256 (more tiles in
@@ -209,7 +214,7 @@ def _tile_shape(region: Region) -> tuple[int, ...]:
               key=lambda v: (v.size, sum(d != 1 for d in v.shape)))
     shape = tuple(d for d in big.shape if d != 1)
     if len(shape) < 3:
-        raise Unplannable(f"{NOT_A_TILE}: the largest value {big.shape} has fewer than 3 axes")
+        raise NotATile(f"{NOT_A_TILE}: the largest value {big.shape} has fewer than 3 axes")
     return shape
 
 
