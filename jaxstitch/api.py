@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import inspect
 import operator
+import os
 import time
 from typing import Any, Callable
 
@@ -94,6 +95,8 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
         dyn, static, tree = _split_dynamic(args, kwargs)
         try:
             program = families.build_any(fun, dyn, tree, tgt, cfg, static)
+            if any(g.on_trace(program) == guard_mod.XLA for g in guarded):  # (its decision on disk)
+                return fun(*args, **kwargs)
             donated = _donated_positions(args, kwargs, *donate)
             outs = make_runner(program, Context(tgt, cfg), donated)(*dyn)
         except Exception as e:  # noqa: BLE001 - jaxstitch's own failure must not break the user's program
@@ -101,13 +104,10 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
                 raise
             fallback.program_failed("planning", getattr(fun, "__qualname__", repr(fun)), e)
             for g in guarded:
-                g.note_trace(guard_mod.Traced(stitched_kernels=0, effectful=False))
+                g.on_trace(None)
             return fun(*args, **kwargs)
         if not families.is_symbolic(dyn):  # (jax.export lowers a family; XLA compiles it per shape later)
             build_times.expect_xla_compile(progress.name_of(fun), stitched.__name__, program.times)
-        for g in guarded:
-            g.note_trace(guard_mod.Traced(stitched_kernels=sum(c.stitched for _, c in program.all_regions()),
-                                          effectful=any(e.effectful for e in program.traced.eqns)))
         return jax.tree_util.tree_unflatten(program.traced.out_tree, outs)
 
     if not _guard_on(guard, cfg):
@@ -115,7 +115,8 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
     guarded.append(guard_mod.Guarded(
         fun, jax.jit(stitched, **jit_kwargs), jax.jit(fun, **jit_kwargs),
         donated_leaves=lambda args, kwargs: _donated_leaves(args, kwargs, *donate),
-        measurable=in_shardings is None and out_shardings is None))
+        measurable=in_shardings is None and out_shardings is None,
+        decisions_dir=os.path.join(cfg.cache_dir, guard_mod.DECISIONS_DIR), options=repr(sorted(jit_kwargs.items()))))
     return guarded[0]
 
 

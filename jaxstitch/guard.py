@@ -17,6 +17,11 @@ program with side effects (`jax.debug.print`, callbacks: they would run again), 
 several devices or explicit shardings. Donated arguments are copied for each timed call (zeros in
 place of one already deleted), so the user's buffers are never read after the call gave them up.
 
+A decision is remembered on disk beside the kernels (`<cache_dir>/guard/`), keyed by the program
+(its equations, shapes and kernels), the jit options, the GPU and the versions of jax, jaxlib and
+jaxstitch: a later process, or another jitted function of the same program, takes it at the trace
+without compiling or timing anything (where jax.jit's won, the trace is then `jax.jit`'s program).
+
 On by default where the kernels run on a GPU; `JAXSTITCH_GUARD=0` or `jaxstitch.jit(..., guard=False)`
 turns it off, and `guard=True` turns it on elsewhere too (a CPU measures XLA against itself).
 """
@@ -24,13 +29,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import json
 import logging
+import os
+import re
 import statistics
+import tempfile
 import time
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import jaxlib
+
+from .kernels import cache
 
 log = logging.getLogger("jaxstitch")
 
@@ -40,6 +53,7 @@ MAX_CALLS = 25          # each program's timed calls at most
 
 STITCHED = "stitched"
 XLA = "jax.jit"
+DECISIONS_DIR = "guard"  # under the kernel cache's directory
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,18 +76,24 @@ class Decision:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Traced:
-    """What the stitched program's trace tells the guard: its kernels and whether it has effects."""
+    """What the stitched program's trace tells the guard: its kernels, whether it has effects, its
+    key on disk and the decision remembered there."""
 
     stitched_kernels: int
     effectful: bool
+    key: str | None = None
+    remembered: Decision | None = None
 
 
 class Guarded:
     """`jaxstitch.jit`'s function with the guard: called like the `jax.jit` object it wraps (and its
     `lower`, `trace`, `eval_shape` are that object's: the stitched program, unguarded)."""
 
-    def __init__(self, fun: Callable, stitched: Any, xla: Any, donated_leaves: Callable, measurable: bool):
+    def __init__(self, fun: Callable, stitched: Any, xla: Any, donated_leaves: Callable, measurable: bool,
+                 decisions_dir: str | None = None, options: str = ""):
         functools.update_wrapper(self, fun)
+        self._dir = decisions_dir          # where decisions are remembered (None: nowhere)
+        self._options = options            # the jit options, part of a decision's key
         self._stitched = stitched          # jax.jit of the stitched program
         self._xla = xla                    # jax.jit of `fun`, the same options
         self._donated_leaves = donated_leaves  # (args, kwargs) -> flat positions of donated leaves
@@ -82,9 +102,20 @@ class Guarded:
         self._xla_keys: set = set()        # the sets of shapes that run jax.jit's program
         self.guard_decisions: list[Decision] = []
 
-    def note_trace(self, traced: Traced) -> None:
-        """Called by the stitched program's trace (a new set of shapes, or a transformation's)."""
+    def on_trace(self, program) -> str:
+        """Called by the stitched program's trace (a new set of shapes, or a transformation's) with
+        the program built (None: the build failed, the trace is `fun`'s): which program to trace,
+        STITCHED or, where a remembered decision says so, XLA."""
+        if program is None:
+            self._traced.append(Traced(stitched_kernels=0, effectful=False))
+            return STITCHED
+        traced = Traced(stitched_kernels=sum(c.stitched for _, c in program.all_regions()),
+                        effectful=any(e.effectful for e in program.traced.eqns))
+        if traced.stitched_kernels and not traced.effectful and self._dir:
+            key = program_key(program, self._options)
+            traced = dataclasses.replace(traced, key=key, remembered=_recall(self._dir, key))
         self._traced.append(traced)
+        return traced.remembered.choice if traced.remembered else STITCHED
 
     def __call__(self, *args, **kwargs):
         if self._xla_keys and _key(args, kwargs) in self._xla_keys:
@@ -107,6 +138,9 @@ class Guarded:
         leaves = jax.tree_util.tree_leaves((args, kwargs))
         shapes = _shapes(leaves)
         why = _not_measured(traced, leaves, self._measurable)
+        if traced.remembered is not None and why != _UNDER_A_TRACE:
+            self._decided(dataclasses.replace(traced.remembered, why="remembered on disk"))
+            return
         if why:
             if why != _UNDER_A_TRACE:
                 self._decided(Decision(shapes=shapes, choice=STITCHED, stitched_ms=None, xla_ms=None, why=why))
@@ -118,6 +152,8 @@ class Guarded:
                                 why=f"measuring failed: {type(e).__name__}: {e}")
         if decision.choice == XLA:
             self._xla_keys.add(_key(args, kwargs))
+        if decision.stitched_ms is not None and traced.key and self._dir:
+            _remember(self._dir, traced.key, decision)
         self._decided(decision)
 
     def _decided(self, decision: Decision) -> None:
@@ -205,3 +241,50 @@ def _copy(x):
     if x.is_deleted():
         return jnp.zeros(x.shape, x.dtype, device=x.sharding)
     return jnp.copy(x)
+
+
+def program_key(program, options: str) -> str:
+    """A stitched program's key among remembered decisions: its equations (primitive, parameters,
+    shapes and dtypes), its kernels' cache keys, the jit options, the GPU, and the versions. Two
+    programs that share a key compute the same function, so a collision could only cost speed."""
+    h = hashlib.sha256()
+    device = jax.devices()[0]
+    for part in (jax.__version__, jaxlib.__version__, cache.VERSION, program.target.name,
+                 device.platform, device.device_kind, options):
+        h.update(f"{part}\n".encode())
+    for e in program.traced.eqns:
+        shapes = [f"{getattr(a, 'dtype', '')}{getattr(a, 'shape', a)}" for a in (*e.inputs, *e.outputs)]
+        params = sorted((k, _ADDRESS.sub("", repr(v))) for k, v in e.params.items())
+        h.update(f"{e.primitive} {shapes} {params}\n".encode())
+    for _, c in program.all_regions():
+        h.update(f"{c.key if c.stitched else '-'}\n".encode())
+    return h.hexdigest()
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+
+
+def _path(directory: str, key: str) -> str:
+    return os.path.join(directory, f"decision-{key}.json")
+
+
+def _recall(directory: str, key: str) -> Decision | None:
+    """The decision remembered under `key`, or None (none, or one that does not read back)."""
+    try:
+        with open(_path(directory, key)) as f:
+            fields = json.load(f)
+        return Decision(**{k: fields[k] for k in ("shapes", "choice", "stitched_ms", "xla_ms", "calls")})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _remember(directory: str, key: str, decision: Decision) -> None:
+    """Write `decision` under `key` (a temporary file renamed into place); a failure is logged."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(dataclasses.asdict(decision), f)
+        os.replace(tmp, _path(directory, key))
+    except OSError as e:
+        log.warning("guard: could not remember a decision in %s: %s", directory, e)

@@ -1,6 +1,8 @@
 """The program guard (jaxstitch/guard.py) on the CPU: what it measures, what it keeps, and where it
 stays out of the way. Planned for an H200, the stitched regions run through XLA here, so the two
 programs' speeds are XLA's both; `_timed_call` is replaced where a test needs one to lose."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,12 @@ import pytest
 import jaxstitch
 from jaxstitch import guard
 from strategies import force_stitching
+
+
+@pytest.fixture(autouse=True)
+def _own_decisions(tmp_path, monkeypatch):
+    """Each test its own kernel cache, so no decision remembered on disk carries over."""
+    monkeypatch.setenv("JAXSTITCH_CACHE_DIR", str(tmp_path))
 
 
 def softmax_times(x, y):
@@ -121,3 +129,27 @@ def test_the_guarded_function_is_a_jitted_function():
     assert "mul" in f.lower(jnp.ones(3), 2).as_text()
     assert float(f(jnp.ones(3), 2)[0]) == 2.0
 
+
+
+@pytest.mark.parametrize("winner", [guard.STITCHED, guard.XLA])
+def test_a_decision_is_remembered_on_disk_for_the_same_program(winner, monkeypatch):
+    seen = _slower(guard.XLA if winner == guard.STITCHED else guard.STITCHED, monkeypatch)
+    x, y = _inputs()
+    with force_stitching():
+        first = jaxstitch.jit(softmax_times, target="h200", guard=True)
+        first(x, y)
+        measured = len(seen)
+        again = jaxstitch.jit(softmax_times, target="h200", guard=True)  # (a later process's, as far
+        got = again(x, y)                                                # as the disk goes)
+        donating = jaxstitch.jit(softmax_times, target="h200", guard=True, donate_argnums=1)
+        donating(x, jnp.copy(y))
+    (d,) = again.guard_decisions
+    assert measured and len(seen) == 2 * measured  # (again: none; donating, other options: measured)
+    assert d.choice == winner and d.why == "remembered on disk" and d.calls == first.guard_decisions[0].calls
+    assert not again._xla_keys  # (jax.jit's program is what `again` traced, where it won:)
+    with force_stitching():
+        traced = str(jax.make_jaxpr(again._stitched)(x, y))
+    assert ("jaxstitch_stitch" in traced) == (winner == guard.STITCHED)
+    np.testing.assert_allclose(got, jax.jit(softmax_times)(x, y), rtol=1e-6, atol=1e-6)
+    assert [p.name.startswith("decision-") for p in
+            (__import__("pathlib").Path(os.environ["JAXSTITCH_CACHE_DIR"]) / guard.DECISIONS_DIR).iterdir()] == [True, True]
