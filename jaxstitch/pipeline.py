@@ -18,7 +18,7 @@ from .ops import COMPUTE_BOUND
 from .plan import KernelPlan, RegionPlan, Unplannable, plan_region
 from .recompute import recompute_cheap_inputs
 from .plan.planner import min_gain
-from .plan import mapping as mapping_mod, remote, scan as scan_mod, tile, views
+from .plan import cost, mapping as mapping_mod, remote, scan as scan_mod, tile, views
 from .plan.layout import place
 from .targets import TARGETS, Target
 
@@ -429,7 +429,7 @@ def _build(traced: trace_mod.Traced, target: Target, cfg: Config) -> Program:
 def _complete(staged: Staged, target: Target, cfg: Config, bodies: bool = True) -> Program:
     traced, part = staged.traced, staged.partition
     with build_times.stage("plan"):
-        regions = _compile_regions(part.regions, traced, target, cfg, staged.first)
+        regions = _folded_into_products(_compile_regions(part.regions, traced, target, cfg, staged.first), traced)
         if cfg.tuning.remote:
             regions = _or_unchanged(lambda: stitch_remote(traced.graph, regions, target, cfg), regions,
                                     "remote stitching", cfg)
@@ -486,6 +486,64 @@ def _after(before: concurrent.futures.Future | None, fn, *args):
     if before is not None:
         concurrent.futures.wait([before])
     return fn(*args)
+
+
+FOLDED = "a transpose of the two minor axes only matrix products read: XLA folds it into them (no kernel)"
+
+
+def _folded_into_products(regions: tuple[Compiled, ...], traced: trace_mod.Traced) -> tuple[Compiled, ...]:
+    """The regions left to XLA that are a lone transpose which every reader, a `dot_general`, can
+    take as its operand's layout, marked as no kernel: XLA's TransposeFolding folds them, where its
+    GPU predicate (CanFoldTransposeOperandIntoDot) holds: the two minor axes swapped, the product's
+    batch axes the leading ones, one contracting axis among the two (a transformer layer's gradient
+    reads its attention's keys so). The report had counted a kernel each."""
+    readers = None
+    out = []
+    for c in regions:
+        ops = c.plan.region.ops
+        if not c.stitched and len(ops) == 1 and ops[0].prim == "transpose" and _minor_swap(ops[0]):
+            readers = readers if readers is not None else _readers(traced)
+            seen = [readers.get(v.id, [None]) for v in ops[0].outputs]
+            if all(r and all(_folds_into(ops[0], op) for op in r) for r in seen):
+                plan = RegionPlan(c.plan.region, None, cost.Estimate(0, 0.0, 0, 0, 0.0), FOLDED)
+                c = dataclasses.replace(c, plan=plan, error=None)
+        out.append(c)
+    return tuple(out)
+
+
+def _readers(traced: trace_mod.Traced) -> dict[int, list]:
+    """The ops reading each value, by id (None for a program result)."""
+    out: dict[int, list] = {}
+    for op in traced.graph.ops:
+        for a in op.inputs:
+            if isinstance(a, ir.Value):
+                out.setdefault(a.id, []).append(op)
+    for a in traced.graph.outputs:
+        if isinstance(a, ir.Value):
+            out.setdefault(a.id, []).append(None)
+    return out
+
+
+def _minor_swap(op: ir.Op) -> bool:
+    perm = tuple(op.param("permutation", ()))
+    n = len(perm)
+    return n >= 2 and perm == tuple(range(n - 2)) + (n - 1, n - 2)
+
+
+def _folds_into(transpose: ir.Op, reader: ir.Op | None) -> bool:
+    """Whether `reader` is a product that takes `transpose`'s result as an operand whose batch axes
+    lead and one of whose two minor axes it contracts (XLA's GPU TransposeFolding predicate)."""
+    if reader is None or reader.prim != "dot_general":
+        return False
+    (contracting, batch) = reader.param("dimension_numbers")
+    value, n, taken = transpose.outputs[0], len(transpose.outputs[0].shape), False
+    for k, a in enumerate(reader.inputs[:2]):
+        if isinstance(a, ir.Value) and a.id == value.id:
+            if tuple(batch[k]) != tuple(range(n - 2)) or len(contracting[k]) != 1 \
+                    or contracting[k][0] < n - 2:
+                return False
+            taken = True
+    return taken
 
 
 def _compiled_or_xla(region, traced: trace_mod.Traced, target: Target, cfg: Config) -> Compiled:

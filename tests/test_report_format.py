@@ -139,3 +139,15 @@ def test_each_row_of_the_table_fits(layernorm, xla_heavy):
         assert head and head[0].split() == ["#", "stitched", "kernels", "scheme", "rows", "x", "cols", "est",
                                             "us", "xla", "us", "ops"]
         assert all(len(ln) <= WIDTH for ln in str(report).splitlines() if re.match(r"\d+ ", ln))
+
+
+def test_a_transpose_only_products_read_is_counted_as_no_kernel():
+    """XLA folds a transpose of the two minor axes into the products that read it (its GPU
+    TransposeFolding predicate); one read by anything else stays a kernel of XLA's."""
+    S = jax.ShapeDtypeStruct
+    x, w = S((512, 256), jnp.float32), S((1024, 256), jnp.float32)
+    folded = jaxstitch.explain(lambda x, w: x @ w.T, x, w, target="h200")
+    (t,) = [r for r in folded.regions if r.ops == ("transpose",)]
+    assert t.kernels == 0 and not t.stitched and "XLA folds it" in t.reason
+    kept = jaxstitch.explain(lambda x, w: (x @ w.T, w.T + 1.0), x, w, target="h200")
+    assert all(r.kernels >= 1 for r in kept.regions if "transpose" in r.ops)
