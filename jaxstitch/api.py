@@ -95,7 +95,7 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
         dyn, static, tree = _split_dynamic(args, kwargs)
         try:
             program = families.build_any(fun, dyn, tree, tgt, cfg, static)
-            if any(g.on_trace(program) == guard_mod.XLA for g in guarded):  # (its decision on disk)
+            if any(g.on_trace(program) == guard_mod.XLA for g in guarded):  # (decided before)
                 return fun(*args, **kwargs)
             donated = _donated_positions(args, kwargs, *donate)
             outs = make_runner(program, Context(tgt, cfg), donated)(*dyn)

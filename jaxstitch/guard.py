@@ -6,8 +6,9 @@ argument shapes, the call that traced and compiled the stitched program, the gua
 `jax.jit`'s program of the same function with the same options, runs the two in turns on that
 call's inputs, and keeps the stitched one only where its median time a call is below `jax.jit`'s.
 
-What it costs, once per new set of shapes: `jax.jit`'s own XLA compile (as long as `jax.jit` takes
-for the function) and at most `MEASURE_SECONDS` of timed calls; no call after it pays anything
+What it costs, once per new set of shapes: `jax.jit`'s own XLA compile, in a thread beside our build
+and XLA's compile of the stitched program (the call's wait grows by what it outlasts them), and
+at most `MEASURE_SECONDS` of timed calls; no call after it pays anything
 where every set of shapes kept the stitched program, and one look-up of the shapes where some did
 not. A program with no stitched kernel is not measured (it is `jax.jit`'s already).
 
@@ -27,6 +28,7 @@ turns it off, and `guard=True` turns it on elsewhere too (a CPU measures XLA aga
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
@@ -43,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 
+from . import jax_internals
 from .kernels import cache
 
 log = logging.getLogger("jaxstitch")
@@ -99,13 +102,16 @@ class Guarded:
         self._donated_leaves = donated_leaves  # (args, kwargs) -> flat positions of donated leaves
         self._measurable = measurable      # False: explicit shardings (see the module's docstring)
         self._traced: list[Traced] = []    # the stitched program's traces since the last call began
+        self._call = None                  # the call under way's (args, kwargs), where it has values
+        self._xla_compile: concurrent.futures.Future | None = None  # jax.jit's, started at the trace
         self._xla_keys: set = set()        # the sets of shapes that run jax.jit's program
         self.guard_decisions: list[Decision] = []
 
     def on_trace(self, program) -> str:
         """Called by the stitched program's trace (a new set of shapes, or a transformation's) with
         the program built (None: the build failed, the trace is `fun`'s): which program to trace,
-        STITCHED or, where a remembered decision says so, XLA."""
+        STITCHED or, where a remembered decision says so, XLA. Where the call will be measured,
+        jax.jit's program starts compiling now, beside the stitched one's."""
         if program is None:
             self._traced.append(Traced(stitched_kernels=0, effectful=False))
             return STITCHED
@@ -115,13 +121,19 @@ class Guarded:
             key = program_key(program, self._options)
             traced = dataclasses.replace(traced, key=key, remembered=_recall(self._dir, key))
         self._traced.append(traced)
+        if traced.key and not traced.remembered and self._call is not None and self._measurable:
+            self._xla_compile = _compile_beside(self._xla, *self._call)
         return traced.remembered.choice if traced.remembered else STITCHED
 
     def __call__(self, *args, **kwargs):
         if self._xla_keys and _key(args, kwargs) in self._xla_keys:
             return self._xla(*args, **kwargs)
         self._traced.clear()  # (left by `lower` or `eval_shape`)
-        outs = self._stitched(*args, **kwargs)
+        self._call = (args, kwargs) if jax_internals.eager() else None
+        try:
+            outs = self._stitched(*args, **kwargs)
+        finally:
+            self._call = None
         if self._traced:
             self._settle(self._traced[-1], args, kwargs)
             self._traced.clear()
@@ -146,6 +158,9 @@ class Guarded:
                 self._decided(Decision(shapes=shapes, choice=STITCHED, stitched_ms=None, xla_ms=None, why=why))
             return
         try:
+            if self._xla_compile is not None:  # (a failure here leaves the compile to the first call)
+                concurrent.futures.wait([self._xla_compile])
+                self._xla_compile = None
             decision = _measure(self._stitched, self._xla, args, kwargs, self._donated_leaves(args, kwargs), shapes)
         except Exception as e:  # noqa: BLE001 - a failed measurement keeps what ran
             decision = Decision(shapes=shapes, choice=STITCHED, stitched_ms=None, xla_ms=None,
@@ -162,6 +177,23 @@ class Guarded:
 
 
 _UNDER_A_TRACE = "called under a JAX transformation or another jit"
+
+
+def _compile_beside(xla, args, kwargs) -> concurrent.futures.Future | None:
+    """jax.jit's program for the call's arguments, lowered here and compiled in a thread: XLA
+    compiles with the interpreter unlocked, beside our build and the stitched program's compile.
+    The jitted function's own calls on arguments placed alike then find the executable (jax keeps
+    one lowering and compile for a function, its argument types and shardings: lowered from the
+    call's own arrays, committed ones included). None where lowering it here fails."""
+    try:
+        lowered = xla.lower(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the measurement compiles it at its first call instead
+        log.debug("guard: lowering jax.jit's program beside the build failed: %s", e)
+        return None
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jaxstitch-guard")
+    future = pool.submit(lowered.compile)
+    pool.shutdown(wait=False)
+    return future
 
 
 def _not_measured(traced: Traced, leaves: list, measurable: bool) -> str:

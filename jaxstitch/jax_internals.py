@@ -5,6 +5,8 @@
   in `dispatch.prim_requires_devices_during_lowering` (as jax's own cuDNN attention does).
 - A custom call with a raw backend config string (XLA's own kernel call, kernels/xla_kernel.py):
   `jax.ffi` builds only calls to FFI handlers, whose backend config is a dictionary.
+- Whether a call is eager (no trace active): the program guard starts compiling jax.jit's program
+  beside the stitched one only for a call it will measure (guard.py).
 - Hiding our frames from the tracebacks JAX filters (`traceback_util.register_exclusion`), as JAX
   hides its own: an error in the user's function then shows the user's frames only.
 """
@@ -33,3 +35,10 @@ def hide_frames(path: str | None = None) -> None:
     from jax._src import traceback_util
 
     traceback_util.register_exclusion(path or os.path.dirname(os.path.abspath(__file__)))
+
+
+def eager() -> bool:
+    """Whether no JAX trace is active here (a call with values, not under jit or a transformation)."""
+    from jax._src import core
+
+    return core.trace_state_clean()

@@ -97,6 +97,7 @@ def test_no_measuring_under_a_transformation_with_effects_or_without_kernels(mon
         x, y = _inputs()
         g = jax.grad(lambda x: f(x, y).sum())(x)
         assert f.guard_decisions == [] and g.shape == x.shape
+        assert f._xla_compile is None  # (nor does jax.jit's program start compiling beside it)
 
         def printing(x, y):
             jax.debug.print("{}", x[0, 0])
@@ -153,3 +154,29 @@ def test_a_decision_is_remembered_on_disk_for_the_same_program(winner, monkeypat
     np.testing.assert_allclose(got, jax.jit(softmax_times)(x, y), rtol=1e-6, atol=1e-6)
     assert [p.name.startswith("decision-") for p in
             (__import__("pathlib").Path(os.environ["JAXSTITCH_CACHE_DIR"]) / guard.DECISIONS_DIR).iterdir()] == [True, True]
+
+
+@pytest.mark.parametrize("committed", [False, True])
+def test_jax_jits_program_compiles_beside_the_trace_and_its_call_finds_it(committed):
+    """Lowered from the call's own arrays (committed to a device or not), compiled in a thread:
+    the jitted function's call after it compiles nothing more."""
+    from jax import monitoring
+
+    compiles = []
+    monitoring.register_event_duration_secs_listener(
+        lambda event, seconds, **kw: compiles.append(event) if "backend_compile" in event else None)
+    xla = jax.jit(lambda x, y, k: jnp.cos(x) * y + k, static_argnums=2, donate_argnums=0)
+    x, y = _inputs(shape=(128, 96))
+    if committed:
+        x, y = jax.device_put(x, jax.devices()[0]), jax.device_put(y, jax.devices()[0])
+    started = []
+
+    def traced(a, b):
+        started.append(guard._compile_beside(xla, (x, y, 3), {}))
+        return a + b
+
+    jax.jit(traced)(x, y)
+    started[0].result()
+    before = len(compiles)
+    xla(x, y, 3)
+    assert len(compiles) == before
