@@ -19,8 +19,8 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from . import (batched_products, cse, fp_conversions, ir, merged_products, predicate_products, prng, row_scatter,
-               transposed_products, wide_scatter)
+from . import (batched_products, composed_transposes, cse, fp_conversions, ir, merged_products, predicate_products,
+               prng, row_scatter, transposed_products, wide_scatter)
 
 _INLINED = ("pjit", "jit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
             "custom_vjp_call_jaxpr", "checkpoint", "remat")
@@ -372,7 +372,8 @@ def _flatten(closed, scatters: bool = True, wide_scatters: bool = True,
     """A closed jaxpr as a graph over fresh values, its live equations, its captured constants and
     the equations written out (Traced.rewritten). With `excess_precision` (XLA's default on GPUs),
     chains of floating conversions collapse as XLA collapses them (fp_conversions.py); products with
-    a converted predicate are the selects XLA makes of them (predicate_products.py)."""
+    a converted predicate are the selects XLA makes of them (predicate_products.py); transposes of
+    transposes are composed as XLA composes them (composed_transposes.py)."""
     fl = _Flattener(scatters, wide_scatters)
     inputs = tuple(fl.new_value(v.aval) for v in closed.jaxpr.invars)
     outputs = fl.run(closed.jaxpr, closed.consts, inputs)
@@ -384,6 +385,9 @@ def _flatten(closed, scatters: bool = True, wide_scatters: bool = True,
     eqns, selects = predicate_products.as_selects(eqns, lambda shape, dtype: ir.Value(next(fl.ids), shape, dtype))
     if selects:
         fl.rewritten[predicate_products.REPORTED] = selects
+    eqns, outputs, transposes = composed_transposes.compose(eqns, outputs)
+    if transposes:
+        fl.rewritten[composed_transposes.REPORTED] = transposes
     eqns, outputs, _ = cse.merge_equal(eqns, outputs, _comparable_params)
     if batched_folds:
         eqns, folded = batched_products.fold_batched(
