@@ -492,19 +492,18 @@ FOLDED = "a transpose of the two minor axes only matrix products read: XLA folds
 
 
 def _folded_into_products(regions: tuple[Compiled, ...], traced: trace_mod.Traced) -> tuple[Compiled, ...]:
-    """The regions left to XLA that are a lone transpose which every reader, a `dot_general`, can
-    take as its operand's layout, marked as no kernel: XLA's TransposeFolding folds them, where its
-    GPU predicate (CanFoldTransposeOperandIntoDot) holds: the two minor axes swapped, the product's
-    batch axes the leading ones, one contracting axis among the two (a transformer layer's gradient
-    reads its attention's keys so). The report had counted a kernel each."""
+    """The regions left to XLA that are a lone transpose every reader of which, a `dot_general`,
+    takes it as its operand's layout, marked as no kernel (the report had counted one): XLA's
+    TransposeFolding folds them where its GPU predicate (CanFoldTransposeOperandIntoDot) holds: the
+    two minor axes swapped, the product's batch axes the leading ones, one of the two contracted
+    (`x @ w.T`). (A transpose of a transpose is composed in the trace: composed_transposes.py.)"""
     readers = None
     out = []
     for c in regions:
         ops = c.plan.region.ops
         if not c.stitched and len(ops) == 1 and ops[0].prim == "transpose" and _minor_swap(ops[0]):
             readers = readers if readers is not None else _readers(traced)
-            seen = [readers.get(v.id, [None]) for v in ops[0].outputs]
-            if all(r and all(_folds_into(ops[0], op) for op in r) for r in seen):
+            if all(_folds_into(ops[0], r) for r in readers.get(ops[0].outputs[0].id, [None])):
                 plan = RegionPlan(c.plan.region, None, cost.Estimate(0, 0.0, 0, 0, 0.0), FOLDED)
                 c = dataclasses.replace(c, plan=plan, error=None)
         out.append(c)
