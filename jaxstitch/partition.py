@@ -50,8 +50,8 @@ class Nodes:
     """The condensed graph: regions (union-find roots) and single left-over ops, with their deps
     and, the other way, their users (for searching from both ends, see reaches). Each root has a
     level above all of its dependencies' (kept so through `depend` and `union`): a node can only
-    depend on nodes of lower levels, which bounds `reaches`' searches (BERT's train step: 18,496
-    searches visited 1.4 M nodes without it)."""
+    depend on nodes of lower levels, which bounds `reaches`' searches (BERT bfloat16's train step:
+    its ~18,000 searches visit 131 k nodes, 1.4 M without the bound)."""
 
     def __init__(self):
         self.parent: dict = {}
