@@ -46,7 +46,7 @@ def compare_devices(example, config, steps: int, counts, rtol: float, stitch_jit
     import jaxstitch
     import train_harness
 
-    stitch_jit = stitch_jit or jaxstitch.jit
+    stitch_jit = stitch_jit or train_harness.UNGUARDED
     init, batch = example.make_init(config, 0), example.make_batches(config, 0)
     rows, ok, base = [], True, None
     for n in counts:

@@ -103,8 +103,13 @@ def loss_diff(losses, reference) -> float:
     return max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(losses, reference))
 
 
+# The examples compare our kernels' losses and step time with XLA's, so they run unguarded: the
+# guard (jaxstitch/guard.py) would run jax.jit's program where it measured ours slower.
+UNGUARDED = functools.partial(jaxstitch.jit, guard=False)
+
+
 def compare(title: str, step, init: Callable, batch: Callable, steps: int, rtol: float,
-            json_path: str | None = None, stitch_jit: Callable = jaxstitch.jit) -> bool:
+            json_path: str | None = None, stitch_jit: Callable = UNGUARDED) -> bool:
     """Both runs, their table, and whether the losses match step by step within `rtol`; with
     `json_path`, the same written as JSON (what scripts/plot_steps.py draws). `stitch_jit` lets a
     test plan for a named GPU on a CPU (`functools.partial(jaxstitch.jit, target="h100")`)."""
