@@ -179,23 +179,33 @@ def _writing_every_output(source: Source, region) -> Source:
 
 
 def _render_rows(plan: KernelPlan) -> Source:
-    """A KernelPlan as a row-space kernel."""
+    """A KernelPlan as a row-space kernel: the prologue (scalars and column values, the same for
+    every row), the row loop's phases, the grid epilogue, in stitch_kernel.cu."""
     k = Kernel(plan)
-    region, layout, m = plan.region, plan.layout, plan.mapping
-    level = {p.value.id: p.level for p in layout.values}
+    region, m = plan.region, plan.mapping
     grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
     for op in grid_ops:
         if CTYPE[op.outputs[0].dtype] != "float":
             raise Unplannable(f"{op.prim} over the grid of a {op.outputs[0].dtype} value")
-    per_chunk = k.per_chunk
-
     params = [f"const {STYPE[v.dtype]}* __restrict__ in{i}" for i, v in enumerate(region.inputs)]
     params += [f"{STYPE[v.dtype]}* __restrict__ out{j}" for j, v in enumerate(region.outputs)]
     if m.cooperative:
         params.append("void* __restrict__ ws")
-
     pro, body, epi = Writer(1), Writer(2), Writer(1)
-    # Prologue: scalars and column values, the same for every row this thread visits.
+    early, body_ops, epi_ops = _prologue(k, pro, grid_ops)
+    _row_loop(k, pro, body, early, body_ops, grid_ops)
+    k.phase = None
+    shared = _shared_declarations(k)
+    if grid_ops:
+        render_epilogue(k, epi, shared, grid_ops, epi_ops)
+    return _rows_source(k, params, shared, pro, body, epi)
+
+
+def _prologue(k: Kernel, pro: Writer, grid_ops: list) -> tuple[list, list, list]:
+    """The prologue: scalars and column values, the same for every row this thread visits, and the
+    grid reductions' accumulators. Returns the values that exist before the row loop's phases, the
+    ops of the row loop and those of the epilogue."""
+    region, layout, m = k.plan.region, k.plan.layout, k.plan.mapping
     pro("const int ch = 0;  // the chunk, for code outside chunk loops")
     if m.cooperative:
         pro("float* js_ws = reinterpret_cast<float*>(ws);")
@@ -221,7 +231,7 @@ def _render_rows(plan: KernelPlan) -> Source:
         p = layout.of(op.outputs[0])
         if p.level == EPILOGUE:
             epi_ops.append(op)
-        elif p.storage in (SCALAR, COL) and p.storage not in per_chunk and (
+        elif p.storage in (SCALAR, COL) and p.storage not in k.per_chunk and (
                 op.prim not in opdefs.REDUCTIONS or opdefs.is_layout(op)):
             k.emit_op(pro, op)
             early.append(op.outputs[0])
@@ -237,9 +247,15 @@ def _render_rows(plan: KernelPlan) -> Source:
             pro(f"for (int e = 0; e < E; ++e) a{out.id}[e] = {ident};")
         else:
             pro(f"float a{out.id} = {ident};")
+    return early, body_ops, epi_ops
 
-    # Body: one row per row group; phases separated by the row reductions.
-    stash = {s.value_id: s.offset for s in plan.stash}
+
+def _row_loop(k: Kernel, pro: Writer, body: Writer, early: list, body_ops: list, grid_ops: list) -> None:
+    """The row loop's body: one row per row group, its phases separated by the row reductions,
+    with the stash's staged copies (started in the prologue, refilled in the loop)."""
+    layout, m = k.plan.layout, k.plan.mapping
+    level = {p.value.id: p.level for p in layout.values}
+    stash = {s.value_id: s.offset for s in k.plan.stash}
     k.writer = body
     if m.stages:  # the first row groups' copies start before the loop; see mapping.py
         pro("int js_buf = 0;")
@@ -254,7 +270,7 @@ def _render_rows(plan: KernelPlan) -> Source:
         body(f"js_stage_wait<{m.stages - 1}>();")
     elif m.stages == 1:
         body("js_stage_wait<0>();")
-    for v in region.inputs:
+    for v in k.plan.region.inputs:
         p, i = layout.of(v), k.inputs[v.id]
         if p.storage == ROW:
             body(f"const {k.ctype(v)} v{v.id} = row_ok ? js_io<{STYPE[v.dtype]}>::get(in{i}[row]) : ({k.ctype(v)})0;")
@@ -266,48 +282,7 @@ def _render_rows(plan: KernelPlan) -> Source:
     last_chunk_phase = max(ph.level for ph in phases if ph.chunk_work)
     chunk_passes = 0
     for ph in phases:
-        lv = k.phase = ph.level
-        # Row values first (outside any chunk loop), then the per-element work, chunk by chunk.
-        for op in ph.made:
-            if layout.of(op.outputs[0]).storage not in per_chunk:
-                k.emit_op(body, op)
-        reductions.reduce_init(k, body, ph.reductions)
-        w = body
-        loop_at = len(body.lines)
-        if k.chunked and ph.chunk_work:
-            # (a scan's carry runs one way; otherwise a serpentine mapping turns round every pass)
-            backward = k.reverse_chunks or (m.serpentine and chunk_passes % 2 == 1)
-            chunk_passes += 1
-            body("for (int ch = CHUNKS - 1; ch >= 0; --ch) {" if backward else
-                 "for (int ch = 0; ch < CHUNKS; ++ch) {")
-            w = k.writer = Writer(body.indent + 1)
-            load_chunk(k, w, stash, first_phase=lv == 0, last_read=lv == last_chunk_phase)
-        if lv == 0:
-            for v in early:
-                k.store_output(w, v, "chunk")
-        _split_one_hot(k, w, lambda wr, ph=ph: _element_work(k, wr, ph), tag=lv)
-        refill = m.stages == 1 and lv == last_chunk_phase  # the stash is read for the last time
-        if refill and k.chunked:
-            # Chunk by chunk, as soon as this thread has read its slots of the chunk (a thread's slots
-            # are its own: no barrier), so the next row's copies overlap this pass's work.
-            stage_rows(k, w, stash, next_row_group(k), one_chunk=True)
-        if k.chunked and ph.chunk_work:
-            body.lines.extend(w.lines)
-            body("}")
-            k.writer = body
-        body.lines[loop_at:loop_at] = ["  " * body.indent + c for c in k.carries]  # scans' carries
-        k.carries = []
-        if refill and k.chunked:
-            body("js_stage_commit();")
-        elif refill:
-            body("__syncthreads();")
-            stage_rows(k, body, stash, next_row_group(k))
-        reductions.reduce_finish(k, body, ph.reductions)
-        for v in ph.stored:
-            k.store_output(body, v, "row")
-        for op in ph.grids:
-            if op not in ph.per_elem_grids:
-                reductions.grid_accumulate(k, body, op)
+        chunk_passes = _row_phase(k, body, ph, stash, early, last_chunk_phase, chunk_passes)
     if m.stages >= 2:
         body(next_buffer(m.stages))
     if loop_top is not None and not k.red_rounds and not k.scan_smem:
@@ -318,7 +293,60 @@ def _render_rows(plan: KernelPlan) -> Source:
         loop_top = None
     reductions.drop_reuse_barriers(k, loop_top_barrier=loop_top is not None)
 
-    k.phase = None
+
+def _row_phase(k: Kernel, body: Writer, ph, stash: dict, early: list, last_chunk_phase: int,
+               chunk_passes: int) -> int:
+    """One phase of the row loop: its row values (outside any chunk loop), then its per-element
+    work chunk by chunk, then its row reductions' ends, stores and grid accumulations. Returns the
+    chunk passes made so far (a serpentine mapping turns round every pass)."""
+    m, per_chunk = k.plan.mapping, k.per_chunk
+    lv = k.phase = ph.level
+    for op in ph.made:
+        if k.plan.layout.of(op.outputs[0]).storage not in per_chunk:
+            k.emit_op(body, op)
+    reductions.reduce_init(k, body, ph.reductions)
+    w = body
+    loop_at = len(body.lines)
+    if k.chunked and ph.chunk_work:
+        # (a scan's carry runs one way; otherwise a serpentine mapping turns round every pass)
+        backward = k.reverse_chunks or (m.serpentine and chunk_passes % 2 == 1)
+        chunk_passes += 1
+        body("for (int ch = CHUNKS - 1; ch >= 0; --ch) {" if backward else
+             "for (int ch = 0; ch < CHUNKS; ++ch) {")
+        w = k.writer = Writer(body.indent + 1)
+        load_chunk(k, w, stash, first_phase=lv == 0, last_read=lv == last_chunk_phase)
+    if lv == 0:
+        for v in early:
+            k.store_output(w, v, "chunk")
+    _split_one_hot(k, w, lambda wr, ph=ph: _element_work(k, wr, ph), tag=lv)
+    refill = m.stages == 1 and lv == last_chunk_phase  # the stash is read for the last time
+    if refill and k.chunked:
+        # Chunk by chunk, as soon as this thread has read its slots of the chunk (a thread's slots
+        # are its own: no barrier), so the next row's copies overlap this pass's work.
+        stage_rows(k, w, stash, next_row_group(k), one_chunk=True)
+    if k.chunked and ph.chunk_work:
+        body.lines.extend(w.lines)
+        body("}")
+        k.writer = body
+    body.lines[loop_at:loop_at] = ["  " * body.indent + c for c in k.carries]  # scans' carries
+    k.carries = []
+    if refill and k.chunked:
+        body("js_stage_commit();")
+    elif refill:
+        body("__syncthreads();")
+        stage_rows(k, body, stash, next_row_group(k))
+    reductions.reduce_finish(k, body, ph.reductions)
+    for v in ph.stored:
+        k.store_output(body, v, "row")
+    for op in ph.grids:
+        if op not in ph.per_elem_grids:
+            reductions.grid_accumulate(k, body, op)
+    return chunk_passes
+
+
+def _shared_declarations(k: Kernel) -> Writer:
+    """The kernel's static shared memory: row reductions' and scans' exchange, the stash."""
+    m = k.plan.mapping
     shared = Writer(1)
     if m.tpr > 32 and k.n_row_red:
         shared(f"__shared__ float js_red[2][{k.n_row_red}][RPB][NWARPS_ROW];")
@@ -327,9 +355,12 @@ def _render_rows(plan: KernelPlan) -> Source:
         shared(f"__shared__ {ct} js_scan_{ct}[RPB][NWARPS_ROW * VPT];")
     if m.smem_bytes:
         shared("extern __shared__ __align__(16) unsigned char js_dyn[];")
-    if grid_ops:
-        render_epilogue(k, epi, shared, grid_ops, epi_ops)
+    return shared
 
+
+def _rows_source(k: Kernel, params: list, shared: Writer, pro: Writer, body: Writer, epi: Writer) -> Source:
+    """The row kernel's parts in stitch_kernel.cu, with its row loop's head."""
+    plan, m = k.plan, k.plan.mapping
     if k.split:  # one task per (row, slice); every block runs the same number of rounds (its row's barriers)
         loop_head = "\n".join([
             "  for (long long base = blockIdx.x; base - blockIdx.x < N_TASKS; base += js_step) {",
@@ -342,7 +373,7 @@ def _render_rows(plan: KernelPlan) -> Source:
             "  for (long long base = (long long)blockIdx.x * RPB; base < N_ROWS; base += (long long)gridDim.x * RPB) {",
             "    const long long row = base + row_in_block;",
             "    const bool row_ok = row < N_ROWS;"])
-    summary = f"{len(region.ops)} ops, rows of {m.n_cols}, {plan.description}, scheme {plan.scheme}"
+    summary = f"{len(plan.region.ops)} ops, rows of {m.n_cols}, {plan.description}, scheme {plan.scheme}"
     code = string.Template(template("stitch_kernel.cu")).substitute(
         summary=summary, common=template("stitch_common.cuh"), n_cols=m.n_cols,
         vec=m.vec, tpr=m.tpr, vpt=m.vpt, chunks=m.chunks, stash_chunks=m.stashed_chunks, rows_per_block=m.rows_per_block, block=m.block,
