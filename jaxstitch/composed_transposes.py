@@ -24,14 +24,8 @@ def compose(eqns: Sequence, outputs: Sequence[ir.Atom]) -> tuple[list, list, int
     source: dict[int, tuple[ir.Value, tuple[int, ...]]] = {}  # a transpose's result -> (operand, perm)
     rename: dict[int, ir.Atom] = {}
     out, composed = [], 0
-
-    def renamed(a: ir.Atom) -> ir.Atom:
-        return rename.get(a.id, a) if isinstance(a, ir.Value) else a
-
     for e in eqns:
-        inputs = tuple(renamed(a) for a in e.inputs)
-        if inputs != tuple(e.inputs):
-            e = dataclasses.replace(e, inputs=inputs)
+        e = ir.reading_renamed(e, rename)
         if e.primitive.name != "transpose" or not isinstance(e.inputs[0], ir.Value) or e.effectful:
             out.append(e)
             continue
@@ -47,4 +41,4 @@ def compose(eqns: Sequence, outputs: Sequence[ir.Atom]) -> tuple[list, list, int
             e = dataclasses.replace(e, inputs=(base,), params={**e.params, "permutation": perm})
         source[e.outputs[0].id] = (e.inputs[0], perm)
         out.append(e)
-    return out, [renamed(a) for a in outputs], composed
+    return out, [ir.renamed(a, rename) for a in outputs], composed

@@ -9,7 +9,6 @@ where a comparison needs it), and a kernel fewer ops.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, Sequence
 
 from . import ir
@@ -22,14 +21,8 @@ def merge_equal(eqns: Sequence, outputs: Sequence[ir.Atom], params_key: Callable
     seen: dict[tuple, tuple[ir.Value, ...]] = {}
     rename: dict[int, ir.Value] = {}
     out, dropped = [], 0
-
-    def renamed(a: ir.Atom) -> ir.Atom:
-        return rename.get(a.id, a) if isinstance(a, ir.Value) else a
-
     for e in eqns:
-        inputs = tuple(renamed(a) for a in e.inputs)
-        if inputs != tuple(e.inputs):
-            e = dataclasses.replace(e, inputs=inputs)
+        e = ir.reading_renamed(e, rename)
         key = None if e.effectful else _key(e, params_key)
         earlier = seen.get(key) if key is not None else None
         if earlier is not None and all(o.shape == p.shape and o.dtype == p.dtype for o, p in zip(e.outputs, earlier)):
@@ -39,7 +32,7 @@ def merge_equal(eqns: Sequence, outputs: Sequence[ir.Atom], params_key: Callable
         if key is not None:
             seen[key] = e.outputs
         out.append(e)
-    return out, [renamed(a) for a in outputs], dropped
+    return out, [ir.renamed(a, rename) for a in outputs], dropped
 
 
 def _key(e, params_key: Callable) -> tuple | None:

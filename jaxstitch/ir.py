@@ -84,6 +84,18 @@ def values_by_id(graph: Graph) -> dict[int, Value]:
     return found
 
 
+def renamed(a: Atom, rename: dict[int, Atom]) -> Atom:
+    """`a`, or what `rename` maps its value's id to (a rewrite that drops an equation reads its
+    results from another value)."""
+    return rename.get(a.id, a) if isinstance(a, Value) else a
+
+
+def reading_renamed(node, rename: dict[int, Atom]):
+    """`node` (an op or equation: a dataclass with `inputs`) reading its inputs through `rename`."""
+    inputs = tuple(renamed(a, rename) for a in node.inputs)
+    return node if inputs == tuple(node.inputs) else dataclasses.replace(node, inputs=inputs)
+
+
 def live(nodes, outputs, keep=lambda node: False) -> tuple:
     """The nodes (ops or equations: anything with `inputs` and `outputs`, in program order) that
     `outputs` depend on, and those `keep` says to keep regardless."""

@@ -37,12 +37,8 @@ def _common(region: Region) -> tuple[list[ir.Op], list[ir.Value]]:
     same: dict[int, ir.Value] = {}
     seen: dict = {}
     ops = []
-
-    def rename(a):
-        return same.get(a.id, a) if isinstance(a, ir.Value) else a
-
     for op in region.ops:
-        op = ir.Op(op.index, op.prim, tuple(rename(a) for a in op.inputs), op.outputs, op.params)
+        op = ir.reading_renamed(op, same)
         key = (op.prim, op.inputs, op.params, tuple((o.shape, o.dtype) for o in op.outputs))
         try:
             first = seen.setdefault(key, op)
@@ -52,7 +48,7 @@ def _common(region: Region) -> tuple[list[ir.Op], list[ir.Value]]:
             ops.append(op)
         else:
             same.update((o.id, f) for o, f in zip(op.outputs, first.outputs))
-    return ops, [rename(v) for v in region.outputs]
+    return ops, [ir.renamed(v, same) for v in region.outputs]
 
 
 class _Graph:
