@@ -21,6 +21,7 @@ from .plan.planner import min_gain
 from .plan import cost, mapping as mapping_mod, remote, scan as scan_mod, tile, views
 from .plan.layout import place
 from .targets import TARGETS, Target
+from .transposed_products import readers_by_id
 
 log = logging.getLogger("jaxstitch")
 
@@ -512,14 +513,10 @@ def _folded_into_products(regions: tuple[Compiled, ...], traced: trace_mod.Trace
 
 def _readers(traced: trace_mod.Traced) -> dict[int, list]:
     """The ops reading each value, by id (None for a program result)."""
-    out: dict[int, list] = {}
-    for op in traced.graph.ops:
-        for a in op.inputs:
-            if isinstance(a, ir.Value):
-                out.setdefault(a.id, []).append(op)
+    out = readers_by_id(traced.graph.ops)
     for a in traced.graph.outputs:
         if isinstance(a, ir.Value):
-            out.setdefault(a.id, []).append(None)
+            out[a.id].append(None)
     return out
 
 
