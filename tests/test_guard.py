@@ -180,3 +180,38 @@ def test_jax_jits_program_compiles_beside_the_trace_and_its_call_finds_it(commit
     before = len(compiles)
     xla(x, y, 3)
     assert len(compiles) == before
+
+
+@pytest.mark.parametrize("stitched_ms, xla_ms, choice", [
+    ([1.00, 1.01, 1.02], [0.99, 1.00, 1.01], guard.STITCHED),   # 1% apart: a tie keeps ours
+    ([1.10, 1.10, 1.10], [1.00, 1.00, 1.20], guard.XLA),        # 9% apart, its fastest faster too
+    ([1.10, 1.10, 0.90], [1.00, 1.00, 1.00], guard.STITCHED),   # its median lower, not its fastest
+    ([1.00, 1.00, 1.00], [1.10, 1.10, 1.10], guard.STITCHED)])
+def test_jax_jit_is_chosen_only_beyond_the_noise(stitched_ms, xla_ms, choice):
+    d = guard._decision(stitched_ms, xla_ms, "shapes")
+    assert d.choice == choice and d.calls == 3
+    assert ("a tie" in d.why) == (choice == guard.STITCHED and sorted(xla_ms)[1] < sorted(stitched_ms)[1])
+
+
+def test_donated_arguments_get_copies_or_zeros_where_given_up():
+    x, y, z = (jnp.full((3, 4), v) for v in (1.0, 2.0, 3.0))
+    y.delete()
+    fresh = guard._fresh_buffers([x, y, z, 7], frozenset({0, 1}))()
+    assert sorted(fresh) == [0, 1] and fresh[0] is not x
+    np.testing.assert_array_equal(fresh[0], x)
+    np.testing.assert_array_equal(fresh[1], np.zeros((3, 4), np.float32))
+
+
+def test_timed_calls_run_with_the_garbage_collector_paused(monkeypatch):
+    collecting = []
+
+    def timed_call(fn, args, kwargs, which):
+        collecting.append(__import__("gc").isenabled())
+        jax.block_until_ready(fn(*args, **kwargs))
+        return 1.0
+
+    monkeypatch.setattr(guard, "_timed_call", timed_call)
+    with force_stitching():
+        f = jaxstitch.jit(softmax_times, target="h200", guard=True)
+        f(*_inputs())
+    assert collecting and not any(collecting) and __import__("gc").isenabled()
