@@ -20,7 +20,7 @@ from .recompute import recompute_cheap_inputs
 from .plan.planner import min_gain
 from .plan import cost, mapping as mapping_mod, remote, scan as scan_mod, tile, views
 from .plan.layout import place
-from .targets import TARGETS, Target
+from .targets import Target
 from .transposed_products import readers_by_id
 
 log = logging.getLogger("jaxstitch")
@@ -247,19 +247,19 @@ _FITS: dict[tuple, bool] = {}
 _FITS_MAX = 1 << 16
 
 
-def _fits_one_kernel(region, strict: bool = False) -> bool:
-    """Whether one kernel can hold the region: in a row space, or as a batch of tiles (whose
-    schedule does not depend on the GPU; the target here only sizes its launch). Remembered by the
-    region's structure. An internal error in planning it says no (`strict`: raises)."""
+def _fits_one_kernel(region, target: Target, strict: bool = False) -> bool:
+    """Whether one kernel can hold the region on `target`: in a row space, or as a batch of tiles.
+    Remembered by the region's structure and the target. An internal error in planning it says no
+    (`strict`: raises)."""
     try:
-        key = partition_mod.structure(region)
+        key = (target.name, partition_mod.structure(region))
         known = _FITS.get(key)
     except (TypeError, ValueError):  # (a parameter that cannot be hashed or compared: planned every time)
-        return _plans_or_not(region, strict)
+        return _plans_or_not(region, target, strict)
     if known is None:
         if len(_FITS) >= _FITS_MAX:
             _FITS.clear()
-        known = _FITS[key] = _plans_or_not(region, strict)
+        known = _FITS[key] = _plans_or_not(region, target, strict)
     return known
 
 
@@ -272,8 +272,8 @@ class _Fits:
     planning them, and most such regions are asked once (GPT's merge across views grows regions
     of 300-960 ops: 2344 keys, 4.6 s of its 17 s partition)."""
 
-    def __init__(self, strict: bool):
-        self.strict = strict
+    def __init__(self, target: Target, strict: bool):
+        self.target, self.strict = target, strict
         self.unkeyed: dict[tuple, tuple] = {}  # primitives -> (region, answer): asked once so far
 
     def __call__(self, region) -> bool:
@@ -281,20 +281,20 @@ class _Fits:
         if prims not in _KEYED:
             first = self.unkeyed.pop(prims, None)
             if first is None:
-                answer = _plans_or_not(region, self.strict)
+                answer = _plans_or_not(region, self.target, self.strict)
                 self.unkeyed[prims] = (region, answer)
                 return answer
-            _remember(*first)
+            _remember(*first, self.target)
             if len(_KEYED) >= _FITS_MAX:
                 _KEYED.clear()
             _KEYED.add(prims)
-        return _fits_one_kernel(region, self.strict)
+        return _fits_one_kernel(region, self.target, self.strict)
 
 
-def _remember(region, answer: bool):
-    """`answer` in _FITS under the region's structure (not where it cannot be hashed)."""
+def _remember(region, answer: bool, target: Target):
+    """`answer` in _FITS under the region's structure and the target (not where it cannot be hashed)."""
     try:
-        key = partition_mod.structure(region)
+        key = (target.name, partition_mod.structure(region))
         if key not in _FITS:
             if len(_FITS) >= _FITS_MAX:
                 _FITS.clear()
@@ -303,9 +303,9 @@ def _remember(region, answer: bool):
         pass
 
 
-def _plans_or_not(region, strict: bool) -> bool:
+def _plans_or_not(region, target: Target, strict: bool) -> bool:
     try:
-        return _plans_as_one_kernel(region)
+        return _plans_as_one_kernel(region, target)
     except Exception as e:  # noqa: BLE001 - (a planner bug: the partition cuts around it)
         if strict:
             raise
@@ -313,19 +313,19 @@ def _plans_or_not(region, strict: bool) -> bool:
         return False
 
 
-def _plans_as_one_kernel(region) -> bool:
+def _plans_as_one_kernel(region, target: Target) -> bool:
     """A row space places it, or a batch of tiles holds it. With a column or whole-array reduction
     the row's mapping decides too (no column partials over rows walked in chunks), so such a region
     is planned in full (a cross-entropy's backward meeting its bias gradient over a vocabulary)."""
     try:
         place(views.sink(region))
         if any(opdefs.is_grid_reduction(op) for op in region.ops):
-            return plan_region(region, TARGETS["h100"]).kernel is not None
+            return plan_region(region, target).kernel is not None
         return True
     except Unplannable:
         pass
     try:
-        tile.plan_tile(region, TARGETS["h100"])
+        tile.plan_tile(region, target)
         return True
     except Unplannable:
         return False
@@ -370,7 +370,7 @@ def stage(traced: trace_mod.Traced, target: Target, cfg: Config,
             part = partition_mod.resized(regions_of, traced.graph)
         else:
             cuts = partition_mod.Cuts(at_reduced=not cfg.tuning.stitch, at_grid=not cfg.tuning.grid)
-            fits = _Fits(cfg.strict)
+            fits = _Fits(target, cfg.strict)
             part = partition_mod.partition(traced.graph, fits=fits, cuts=cuts)
             if cfg.tuning.recompute:
                 part = recompute_cheap_inputs(traced.graph, part, fits,

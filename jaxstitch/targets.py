@@ -5,6 +5,57 @@ import dataclasses
 import re
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Calibration:
+    """A GPU's rates where a kernel is bound by the instructions its SMs issue or by a loop's steps,
+    not by HBM: what planning cannot derive from the datasheet. Each is measured on a GPU of the
+    kind (the measurements: plan/cost.py and plan/scan.py), or derived and then `source` says how."""
+
+    gather_ops_per_sm_us: float   # ops times elements a microsecond an SM, gathering kernels (cost.py)
+    our_int_ops_per_sm_us: float  # integer ops times elements, our kernels drawing random bits
+    xla_int_ops_per_sm_us: float  # the same, XLA's loop fusions
+    xla_triton_slow_ns: tuple[tuple[str, float], ...]  # ns an element an SM each op adds in XLA's Triton rows
+    scan_step_us: float           # a persistent scan's step: its loop, two barriers, the loads' latency
+    scan_op_us: float             # one op's pass in shared memory, per element a thread
+    scan_fma_per_us: float        # one SM's multiply-adds a microsecond from shared memory
+    xla_iteration_us: float       # one iteration of XLA's while loop around a scan's kernels
+    source: str
+
+    def scaled(self, clock: float, source: str) -> "Calibration":
+        """These rates on an SM of the same design at `clock` times the clock (the while loop's
+        iteration, paced by its launches and the host, kept)."""
+        return dataclasses.replace(
+            self, gather_ops_per_sm_us=self.gather_ops_per_sm_us * clock,
+            our_int_ops_per_sm_us=self.our_int_ops_per_sm_us * clock,
+            xla_int_ops_per_sm_us=self.xla_int_ops_per_sm_us * clock,
+            xla_triton_slow_ns=tuple((op, ns / clock) for op, ns in self.xla_triton_slow_ns),
+            scan_step_us=self.scan_step_us / clock, scan_op_us=self.scan_op_us / clock,
+            scan_fma_per_us=self.scan_fma_per_us * clock, source=source)
+
+
+# Measured on an H100 (SXM, 132 SMs; each number's measurement is beside its use in plan/cost.py and
+# plan/scan.py): the gathering kernels' float32 forward, the dropout kernels' slower dtype on each
+# side, the exact GELU before a layernorm, and DIEN's GRU forward and backward.
+GH100 = Calibration(
+    gather_ops_per_sm_us=7.4e6 / 132,
+    our_int_ops_per_sm_us=120 * 16384 * 4096 / 359.6 / 132,
+    xla_int_ops_per_sm_us=120 * 16384 * 4096 / 425.9 / 132,
+    xla_triton_slow_ns=(("erfc", 0.78),),
+    scan_step_us=0.58, scan_op_us=0.044, scan_fma_per_us=5.0e4, xla_iteration_us=5.0,
+    source="measured on an H100")
+
+# An H200 is the H100's GH100 chip at the same clocks with faster memory: the same SMs. Measured on
+# one, the gathering forward and backward of cost.py took 341.9 us against the H100's 367.6 (its
+# bandwidth helps a little), so the H100's rates keep its estimates on our side.
+GH200 = dataclasses.replace(GH100, source="the H100's SMs (measured on an H100; the gathering "
+                                          "kernel 7% faster on an H200)")
+
+# An A100's SM (sm_80) issues the same integer, float and load instructions a clock as Hopper's for
+# these kernels, at a 1410 MHz boost clock against the H100's 1980. No A100 was at hand to measure.
+GA100 = GH100.scaled(1410 / 1980, source="derived from the H100's by the boost clocks (1410/1980 "
+                                        "MHz); not measured on an A100")
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     name: str
@@ -18,6 +69,7 @@ class Target:
     bandwidth_gbs: float      # achievable read+write HBM bandwidth of a plain elementwise kernel
     launch_us: float          # one kernel inside an XLA command buffer
     grid_sync_us: float       # one grid-wide barrier
+    calibration: Calibration = GH100
 
     def blocks_by_registers(self, block: int, registers: int) -> int:
         """Blocks of `block` threads an SM's register file holds at `registers` a thread (allocated
@@ -34,9 +86,9 @@ class Target:
 
 # Bandwidths are what a plain elementwise kernel reached on our machines (DESIGN.md), not datasheets.
 TARGETS = {
-    "h100": Target("h100", "sm_90", 132, 2048, 65536, 48 * 1024, 227 * 1024, 228 * 1024, 3000.0, 2.7, 2.5),
-    "h200": Target("h200", "sm_90", 132, 2048, 65536, 48 * 1024, 227 * 1024, 228 * 1024, 4000.0, 2.7, 2.5),
-    "a100": Target("a100", "sm_80", 108, 2048, 65536, 48 * 1024, 163 * 1024, 164 * 1024, 1700.0, 3.0, 3.0),
+    "h100": Target("h100", "sm_90", 132, 2048, 65536, 48 * 1024, 227 * 1024, 228 * 1024, 3000.0, 2.7, 2.5, GH100),
+    "h200": Target("h200", "sm_90", 132, 2048, 65536, 48 * 1024, 227 * 1024, 228 * 1024, 4000.0, 2.7, 2.5, GH200),
+    "a100": Target("a100", "sm_80", 108, 2048, 65536, 48 * 1024, 163 * 1024, 164 * 1024, 1700.0, 3.0, 3.0, GA100),
 }
 
 
@@ -81,7 +133,25 @@ def detect() -> Target | None:
     for known, tgt in TARGETS.items():  # a variant's kind ("NVIDIA GH200 480GB": an h200's memory)
         if known in kind.lower():
             return tgt
-    cc = getattr(devices[0], "compute_capability", "9.0")
+    return _unknown(devices[0], kind)
+
+
+_WARNED: set[str] = set()  # the unknown kinds warned of
+
+
+def _unknown(device, kind: str) -> Target:
+    """A GPU none of TARGETS names: the H100's numbers at its own architecture and SM count, which
+    a warning says (its estimates, and so which regions stitch, may be off; the kernels are right)."""
+    import logging
+
+    cc = getattr(device, "compute_capability", "9.0")
     base = TARGETS["h100"]
-    sms = getattr(devices[0], "core_count", base.sm_count)
-    return dataclasses.replace(base, name=kind, arch="sm_" + str(cc).replace(".", ""), sm_count=sms)
+    sms = getattr(device, "core_count", base.sm_count)
+    if kind not in _WARNED:
+        _WARNED.add(kind)
+        logging.getLogger("jaxstitch").warning(
+            "jaxstitch: %r is not a GPU it knows (%s); planning with the H100's bandwidth and rates at "
+            "its %s SMs", kind, ", ".join(sorted(TARGETS)), sms)
+    calibration = dataclasses.replace(base.calibration, source=f"the H100's (an unknown GPU: {kind})")
+    return dataclasses.replace(base, name=kind, arch="sm_" + str(cc).replace(".", ""), sm_count=sms,
+                               calibration=calibration)

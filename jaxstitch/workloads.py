@@ -154,7 +154,7 @@ def bias_gelu_dropout(x, bias, key, rate=DROPOUT_RATE):
 def gelu_layernorm(x, bias, gamma, beta):
     """A BERT prediction head's transform after its matrix product: the exact (erfc) GELU, as
     Hugging Face's BERT has it, then a layernorm. XLA runs it as one Triton kernel whose erfc does
-    not hide under the loads (plan/cost.XLA_TRITON_SLOW_NS)."""
+    not hide under the loads (the target's calibration.xla_triton_slow_ns)."""
     h = jax.nn.gelu((x + bias).astype(F32), approximate=False)
     return layernorm(h, gamma, beta).astype(x.dtype)
 

@@ -242,6 +242,29 @@ def test_detect_maps_real_device_kinds(monkeypatch):
         assert targets.detect().name == want
 
 
+def test_an_unknown_gpu_plans_with_the_h100s_numbers_and_says_so(monkeypatch, caplog):
+    class Gpu:
+        platform, compute_capability, core_count, device_kind = "gpu", "10.0", 148, "NVIDIA B200"
+
+    monkeypatch.setattr(jax, "devices", lambda backend=None: [Gpu()])
+    monkeypatch.setattr(targets, "_WARNED", set())
+    with caplog.at_level("WARNING", logger="jaxstitch"):
+        first, again = targets.detect(), targets.detect()
+    assert (first.arch, first.sm_count) == ("sm_100", 148) and first == again
+    assert "NVIDIA B200" in first.calibration.source
+    assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
+    assert "not a GPU it knows" in caplog.records[0].getMessage()
+
+
+def test_each_target_has_its_own_calibration():
+    h100, h200, a100 = (targets.TARGETS[n].calibration for n in ("h100", "h200", "a100"))
+    assert "measured on an H100" in h100.source and "H200" in h200.source and "not measured" in a100.source
+    # an A100's SM at 1410 MHz issues what an H100's does at 1980: its rates lower, its times longer
+    assert a100.gather_ops_per_sm_us == pytest.approx(h100.gather_ops_per_sm_us * 1410 / 1980)
+    assert a100.scan_step_us == pytest.approx(h100.scan_step_us * 1980 / 1410)
+    assert a100.xla_iteration_us == h100.xla_iteration_us
+
+
 # ---------------------------------------------------------------------------------------------------
 # jaxstitch.nnx.jit
 # ---------------------------------------------------------------------------------------------------

@@ -1492,5 +1492,7 @@ def test_repeated_layers_share_a_structure_and_its_answer(monkeypatch):
     assert structure(with_literal(regions[0], 0.0)) != structure(with_literal(regions[0], -0.0))
     calls = []
     monkeypatch.setattr(pipeline, "_FITS", {})
-    monkeypatch.setattr(pipeline, "_plans_as_one_kernel", lambda r: calls.append(r) or True)
-    assert all(pipeline._fits_one_kernel(r) for r in regions) and len(calls) == 2
+    monkeypatch.setattr(pipeline, "_plans_as_one_kernel", lambda r, target: calls.append(r) or True)
+    h100, a100 = jaxstitch.TARGETS["h100"], jaxstitch.TARGETS["a100"]
+    assert all(pipeline._fits_one_kernel(r, h100) for r in regions) and len(calls) == 2
+    assert pipeline._fits_one_kernel(regions[0], a100) and len(calls) == 3  # (per target)

@@ -148,7 +148,7 @@ def test_cases_plan_and_compile(name, dtype, monkeypatch):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_bias_gelu_dropout_draws_its_bits_in_one_kernel(dtype):
     """At a size where the integer ops bound both sides, the cost model stitches GELU and dropout
-    with the bits (XLA's fusion issues fewer integer ops per microsecond: cost.XLA_INT_OPS_PER_SM_US)."""
+    with the bits (XLA's fusion issues fewer integer ops per microsecond: the target's calibration.xla_int_ops_per_sm_us)."""
     x, b = S((8192, 2048), dtype), S((2048,), dtype)
     report = jaxstitch.explain(WORKLOADS["bias_gelu_dropout"].fn, x, b, S((2,), U32), target="h100")
     (region,) = [r for r in report.regions if "erfc" in r.ops]

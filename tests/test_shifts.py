@@ -67,7 +67,7 @@ def log_softmax_and_mean(x):
 def _regions(fun, specs):
     flat, tree = jax.tree_util.tree_flatten((tuple(specs), {}))
     traced = trace_mod.trace(fun, flat, tree)
-    part = partition_mod.partition(traced.graph, fits=pipeline._fits_one_kernel)
+    part = partition_mod.partition(traced.graph, fits=lambda r: pipeline._fits_one_kernel(r, jaxstitch.TARGETS["h100"]))
     return traced, part.regions
 
 

@@ -182,7 +182,7 @@ def _random(specs, seed):
 def _traced(fun, specs):
     flat, tree = jax.tree_util.tree_flatten((tuple(specs), {}))
     traced = trace_mod.trace(fun, flat, tree)
-    part = partition_mod.partition(traced.graph, fits=pipeline._fits_one_kernel)
+    part = partition_mod.partition(traced.graph, fits=lambda r: pipeline._fits_one_kernel(r, jaxstitch.TARGETS["h100"]))
     return traced, part
 
 

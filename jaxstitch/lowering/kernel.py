@@ -492,7 +492,7 @@ def _affine(dims, var: str, column: bool = False) -> str:
     are merged first (`x % n * s + x / n * n * s` is `x * s`). `column`: `var` is a column of the
     row (0 <= var < 2**31), whose digits are taken in 32-bit unsigned arithmetic, where a
     power-of-two size is a shift and a mask. (A gather computes its index for every element, and
-    kernels that gather are bound by the instructions they issue: cost.GATHER_OPS_PER_SM_US.)"""
+    kernels that gather are bound by the instructions they issue: the target's calibration.gather_ops_per_sm_us.)"""
     dims = merged_axes(dims)
     cast, suffix = ("unsigned", "u") if column else ("long long", "")
     terms, inner = [], 1

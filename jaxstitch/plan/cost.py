@@ -61,16 +61,15 @@ SCAN_XLA_PASSES = 4
 # us): forward 7.4e6 (float32) and 8.7e6 (bfloat16), forward+backward 5.9e6 (both), on an H100's 132
 # SMs; the forward+backward in float32 took 367.6 us on an H100 and 341.9 us on an H200, where the
 # byte count alone predicted 209 and 158 us (and 0.89x on the H200). Calibrated on the
-# float32 forward, the fastest of them, so the estimate stays on our side.
-GATHER_OPS_PER_SM_US = 7.4e6 / 132
+# float32 forward, the fastest of them, so the estimate stays on our side: the target's
+# `calibration.gather_ops_per_sm_us` (targets.py).
 # A kernel drawing dropout's random bits (threefry, ~120 integer ops an element, jaxstitch/prng.py)
 # is bound by the integer ops its SMs issue (half the float rate on sm_80/sm_90), on both sides, and
 # XLA's loop fusion issues fewer of them per microsecond than our row kernel. Measured on an H100
 # (bias + GELU + dropout, [16384, 4096], 120 full-size integer ops an element): XLA
 # 441.8 us (float32) and 425.9 us (bfloat16), ours forced 359.6 and 358.8 us; per SM and us,
-# elements times integer ops. Ours from the slower of its two, XLA's from the faster of its two.
-OUR_INT_OPS_PER_SM_US = 120 * 16384 * 4096 / 359.6 / 132
-XLA_INT_OPS_PER_SM_US = 120 * 16384 * 4096 / 425.9 / 132
+# elements times integer ops. Ours from the slower of its two, XLA's from the faster of its two:
+# the target's `calibration.our_int_ops_per_sm_us` and `xla_int_ops_per_sm_us`.
 # XLA runs a region whose row reductions are read back over the row (a layernorm, a softmax) as one
 # Triton kernel (kind=kCustom in its HLO) that holds the row in registers, and its erfc is slow there:
 # it adds its time to the loads' rather than hiding under them. Measured on an H100
@@ -79,8 +78,7 @@ XLA_INT_OPS_PER_SM_US = 120 * 16384 * 4096 / 425.9 / 132
 # us: 0.78-0.95 ns more an element per SM; ours 193 and 106 us. tanh and exp cost XLA 0.02-0.1 ns an
 # element per SM in the same kernels (fig7_chain, a tanh GELU, a soft-capped softmax), which the
 # 85% of XLA_ONE_PASS_EFFICIENCY about covers; they are not counted. ns an element per SM, the lower
-# of the two measurements.
-XLA_TRITON_SLOW_NS = {"erfc": 0.78}
+# of the two measurements: the target's `calibration.xla_triton_slow_ns`.
 # XLA's GPU reduction emitter reduces a row in one kernel only up to 1024 threads x 16 elements (its
 # race-free bound, reduction_utils.cc); a longer row reduction is rewritten into two (a partial sum
 # per block of the row, then their sum), and is no hero that its readers fuse with. Each reduction
@@ -128,11 +126,11 @@ def chunk_passes(layout: Layout, ops, outputs, online=()) -> int:
     return len(levels - {EPILOGUE})
 
 
-def xla_slow_ns(ops, layout: Layout) -> float:
+def xla_slow_ns(ops, layout: Layout, target: Target) -> float:
     """ns an element per SM that XLA's one Triton kernel of the region spends on its slow full-size
-    ops (XLA_TRITON_SLOW_NS), were XLA to run it as one."""
-    return sum(XLA_TRITON_SLOW_NS.get(op.prim, 0.0) for op in ops
-               if op.outputs and layout.of(op.outputs[0]).storage == FULL)
+    ops (the target's `calibration.xla_triton_slow_ns`), were XLA to run it as one."""
+    slow = dict(target.calibration.xla_triton_slow_ns)
+    return sum(slow.get(op.prim, 0.0) for op in ops if op.outputs and layout.of(op.outputs[0]).storage == FULL)
 
 
 def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
@@ -156,8 +154,8 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     and summed per row is three levels to XLA, 6 kernels at 32% of the roofline (H200, [4096,
     32000] float32), where one online pass and a second reduction made it look like one kernel;
     `gather_compute_ops`: set when the kernel reads full-size values through gathers, the region's
-    ops that compute (per element of the row space; see GATHER_OPS_PER_SM_US); `integer_ops`: the
-    full-size integer ops an element (OUR_INT_OPS_PER_SM_US), which bound both sides;
+    ops that compute (per element of the row space; see the gathers' rate above); `integer_ops`: the
+    full-size integer ops an element (the random bits' rates above), which bound both sides;
     `xla_unfused`: row reductions XLA runs apart from the ops reading their result back
     (diamonds.unfused_reductions), each a kernel re-reading the row inputs where XLA would otherwise
     run the region as one kernel; `xla_slow`: xla_slow_ns of the region's ops, added where XLA runs
@@ -180,9 +178,10 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
         ours /= min(1.0, SM_OVERDRIVE * busy_sms / target.sm_count)
     if layout.n_cols <= NARROW_COLS:
         ours /= NARROW_EFFICIENCY
-    issue = gather_compute_ops * layout.n_rows * layout.n_cols / (GATHER_OPS_PER_SM_US * target.sm_count)
+    rates = target.calibration
     elems = layout.n_rows * layout.n_cols
-    ours = max(ours, issue, integer_ops * elems / (OUR_INT_OPS_PER_SM_US * target.sm_count))
+    issue = gather_compute_ops * elems / (rates.gather_ops_per_sm_us * target.sm_count)
+    ours = max(ours, issue, integer_ops * elems / (rates.our_int_ops_per_sm_us * target.sm_count))
     grid_syncs = (1 if n_grid_reductions else 0) + row_levels * split_rounds
     ours += target.launch_us + grid_syncs * target.grid_sync_us
     n_full_out = sum(1 for v in outputs if layout.of(v).declared == FULL)
@@ -216,7 +215,7 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
         xla_bytes += SCAN_XLA_PASSES * n_scans * f32_full
     if xla_copied:
         xla_kernels, xla_bytes = xla_kernels + 1, xla_bytes + 2 * xla_copied
-    xla = max(xla_bytes / (bw * eff), integer_ops * elems / (XLA_INT_OPS_PER_SM_US * target.sm_count))
+    xla = max(xla_bytes / (bw * eff), integer_ops * elems / (rates.xla_int_ops_per_sm_us * target.sm_count))
     xla += triton_us
     xla += xla_kernels * target.launch_us
     return Estimate(must_move - skipped_bytes, ours, xla_kernels, xla_bytes, xla)

@@ -4,7 +4,7 @@ A rotary embedding (GPT-NeoX, Llama) builds `concatenate([x1 * c - x2 * s, x2 * 
 the two halves of each head; its backward pads and slices the same way. After views.sink every
 element reads its partner column (h away in its 2h-wide group) through a gather of its own, and
 every element computes both halves' formulas, which a select on the column then picks from: the
-kernel is bound by the instructions it issues (cost.GATHER_OPS_PER_SM_US), not by HBM.
+kernel is bound by the instructions it issues (the target's calibration.gather_ops_per_sm_us), not by HBM.
 
 With a *paired* mapping (mapping.choose's `pair`), each thread holds a column and its partner (its
 vector slots 2i and 2i + 1 are h apart), so

@@ -132,13 +132,13 @@ _FREE_OPS = opdefs.LAYOUT | {"convert_element_type", "copy", PAIR_SWAP, PAIR_HAL
 
 
 def _computing_ops(region: Region) -> int:
-    """The region's ops that compute, for a gather kernel's issue-bound time (cost.GATHER_OPS_PER_SM_US)."""
+    """The region's ops that compute, for a gather kernel's issue-bound time (calibration.gather_ops_per_sm_us)."""
     return sum(1 for op in region.ops if op.prim not in _FREE_OPS)
 
 
 def _integer_ops(region: Region, layout: Layout) -> int:
     """Ops computing a full-size integer value: an issue-bound term where there are many (the
-    random bits of a dropout, cost.OUR_INT_OPS_PER_SM_US)."""
+    random bits of a dropout, calibration.our_int_ops_per_sm_us)."""
     return sum(1 for op in region.ops if op.prim not in _FREE_OPS
                and any(o.dtype in ("int32", "uint32") and layout.of(o).storage == FULL for o in op.outputs))
 
@@ -314,7 +314,7 @@ def _estimate(kernel: KernelPlan, original: Region, target: Target) -> cost.Esti
                          gather_compute_ops=_computing_ops(region) if full_gathers and not mp.pair else 0,
                          xla_row_levels=kernel.xla_levels,
                          passes=kernel.passes, integer_ops=_integer_ops(region, layout),
-                         xla_unfused=kernel.xla_unfused, xla_slow=cost.xla_slow_ns(region.ops, layout),
+                         xla_unfused=kernel.xla_unfused, xla_slow=cost.xla_slow_ns(region.ops, layout, target),
                          xla_copied=sum(op.outputs[0].nbytes for op in original.ops
                                         if op.param("for_products")),
                          skipped_bytes=_skipped_bytes(kernel))

@@ -492,13 +492,10 @@ def _aligned(n: int) -> int:
 
 
 # What one step of a persistent scan costs in a block, and one iteration of XLA's while loop around
-# its kernels. Ours: first guesses (0.4 and 0.03 us) times the 1.45 DIEN's GRU fwd+bwd measured
-# over them on an H100; XLA's: a first guess, which came out 1.27x slow there (docs/perf_notes.md),
-# so the model still errs towards our kernel by that much.
-STEP_US = 0.58         # the step's loop, its two block barriers and the per-step loads' latency
-OP_US = 0.044          # one op's pass over its elements in shared memory, per element a thread
-FMA_PER_US = 5.0e4     # one SM's multiply-adds a microsecond from shared memory
-XLA_ITERATION_US = 5.0  # XLA's while loop: condition, dynamic slices of xs, updates of ys
+# its kernels (the target's calibration: scan_step_us, scan_op_us, scan_fma_per_us,
+# xla_iteration_us). On an H100, ours: first guesses (0.4 and 0.03 us) times the 1.45 DIEN's GRU
+# fwd+bwd measured over them; XLA's: a first guess, which came out 1.27x slow there
+# (docs/perf_notes.md), so the model still errs towards our kernel by that much.
 
 
 def estimate(plan: ScanPlan, target: Target) -> cost.Estimate:
@@ -506,7 +503,8 @@ def estimate(plan: ScanPlan, target: Target) -> cost.Estimate:
     iteration its loop control and launches (one fusion a matrix product or reduction, one between),
     or its bytes and multiply-adds where they are larger."""
     m, body = plan.mapping, plan.body
-    step, fmas, total_fmas, launches = STEP_US, 0, 0, 2
+    rates = target.calibration
+    step, fmas, total_fmas, launches = rates.scan_step_us, 0, 0, 2
     for i, op in enumerate(body.ops):
         if op.prim in RENAMES or i in plan.elided:  # (elided: the product goes into its carry)
             continue
@@ -522,11 +520,11 @@ def estimate(plan: ScanPlan, target: Target) -> cost.Estimate:
         elif op.prim in REDUCES:
             inner = plan_size(plan, op.inputs[0]) // max(1, plan_size(plan, out))
             launches += 1
-        step += OP_US * per_thread * (1 + inner / 8)
-    step = max(step, STEP_US + fmas / FMA_PER_US)
+        step += rates.scan_op_us * per_thread * (1 + inner / 8)
+    step = max(step, rates.scan_step_us + fmas / rates.scan_fma_per_us)
     moved = sum(v.nbytes for v in plan.region.inputs) + sum(v.nbytes for v in plan.region.outputs)
     ours = target.launch_us + m.length * step + (target.grid_sync_us if m.cooperative else 0.0)
-    xla_step = max(XLA_ITERATION_US + launches * target.launch_us, total_fmas / 1.0e8)
+    xla_step = max(rates.xla_iteration_us + launches * target.launch_us, total_fmas / 1.0e8)
     xla = m.length * xla_step + moved / (target.bandwidth_gbs * 1e3)
     return cost.Estimate(moved, ours, 1 + launches * m.length, moved, xla)
 
