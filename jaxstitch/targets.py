@@ -44,11 +44,18 @@ GH100 = Calibration(
     scan_step_us=0.58, scan_op_us=0.044, scan_fma_per_us=5.0e4, xla_iteration_us=5.0,
     source="measured on an H100")
 
-# An H200 is the H100's GH100 chip at the same clocks with faster memory: the same SMs. Measured on
-# one, the gathering forward and backward of cost.py took 341.9 us against the H100's 367.6 (its
-# bandwidth helps a little), so the H100's rates keep its estimates on our side.
-GH200 = dataclasses.replace(GH100, source="the H100's SMs (measured on an H100; the gathering "
-                                          "kernel 7% faster on an H200)")
+# An H200 is the H100's GH100 chip at the same clocks with faster memory. Measured on one (jax 0.11.2,
+# GPU time, 2026-11-29): bias + GELU + dropout over [16384, 4096], ours 350.0 us (float32) and 296.0
+# (bfloat16), XLA's 470.4 and 450.4; an exact GELU before a layernorm over [32768, 2048], XLA 615.0
+# and 477.0 us where the layernorm alone takes 142.1 and 78.1 (0.93 and 0.78 ns an element an SM;
+# ours 170.5 and 104.2). The gathering kernel and the scans keep the H100's rates: the same SMs, and
+# the gathering forward and backward ran 7% faster on an H200 (341.9 us against 367.6).
+GH200 = dataclasses.replace(
+    GH100, our_int_ops_per_sm_us=120 * 16384 * 4096 / 350.0 / 132,
+    xla_int_ops_per_sm_us=120 * 16384 * 4096 / 450.4 / 132,
+    xla_triton_slow_ns=(("erfc", (477.0 - 78.1) * 1e3 * 132 / (32768 * 2048)),),
+    source="measured on an H200 (random bits, XLA's erfc); the H100's gathering and scan rates (the "
+           "same SMs)")
 
 # An A100's SM (sm_80) issues the same integer, float and load instructions a clock as Hopper's for
 # these kernels, at a 1410 MHz boost clock against the H100's 1980. No A100 was at hand to measure.
