@@ -224,16 +224,32 @@ def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, li
     ("nba" for a transposed tile, else its kind)."""
     shape = _tile_shape(region)
     names = [f"n{i}" for i in range(len(shape) - 2)] + [A, B]
-    labels: dict[int, list] = {}
     values = {v.id: v for v in region.inputs}
     values.update({o.id: o for op in region.ops for o in op.outputs})
     transposed = {op.outputs[0].id for op in region.ops if op.prim == "transpose"}
+    labels = _first_labels(values, shape, names, transposed)
+    _propagate_labels(region, labels, transposed)
+    _label_by_size(labels, values, names, shape)
+    kinds, orders = _kinds_and_orders(labels, values, names)
+    return shape, kinds, labels, orders
+
+
+def _first_labels(values: dict[int, ir.Value], shape: tuple[int, ...], names: list[str], transposed: set[int]
+                  ) -> dict[int, list]:
+    """The labels propagation starts from: a value of the tile's own shape (not a transpose's result)
+    runs along the tile's axes in order; every other value has only its unit dimensions labelled."""
+    labels: dict[int, list] = {}
     for v in values.values():
         labels[v.id] = [("1" if d == 1 else None) for d in v.shape]
         if tuple(d for d in v.shape if d != 1) == shape and v.id not in transposed:
             it = iter(names)
             labels[v.id] = ["1" if d == 1 else next(it) for d in v.shape]
+    return labels
 
+
+def _propagate_labels(region: Region, labels: dict[int, list], transposed: set[int]) -> None:
+    """Carries labels across the region's ops (both ways: operands to results and back) until none
+    changes, raising where two tile axes meet."""
     def unify(x, i, y, j) -> bool:
         lx, ly = labels[x.id][i], labels[y.id][j]
         if lx == ly:
@@ -249,41 +265,54 @@ def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, li
     for _ in range(2 * len(region.ops) + 2):
         changed = False
         for op in region.ops:
-            out = op.outputs[0]
-            ins = [a for a in op.inputs if isinstance(a, ir.Value)]
-            if op.prim in opdefs.ELEMENTWISE:
-                for a in ins:
-                    if len(a.shape) == len(out.shape):
-                        for i, (da, do) in enumerate(zip(a.shape, out.shape)):
-                            if da == do != 1:
-                                changed |= unify(a, i, out, i)
-                    elif a.shape:
-                        raise Unplannable(f"{op.prim} of operands of different ranks")
-            elif op.prim == "transpose":  # output dimension j is operand dimension perm[j]
-                for j, i in enumerate(op.param("permutation")):
-                    if ins[0].shape[i] != 1:
-                        changed |= unify(ins[0], i, out, j)
-            elif op.prim == "broadcast_in_dim" and ins:
-                for i, d in enumerate(op.param("broadcast_dimensions")):
-                    if ins[0].shape[i] != 1:
-                        changed |= unify(ins[0], i, out, d)
-            elif opdefs.is_layout(op) and ins:
-                src = [i for i, d in enumerate(ins[0].shape) if d != 1]
-                dst = [i for i, d in enumerate(out.shape) if d != 1]
-                if [ins[0].shape[i] for i in src] == [out.shape[i] for i in dst]:
-                    for i, j in zip(src, dst):
-                        changed |= unify(ins[0], i, out, j)
-                elif transposed:  # a reshape merging or splitting a transposed tile's two axes
-                    changed |= _merge_or_split(ins[0], src, out, dst, labels, unify)
-                else:  # (rows split into tiles alone: a row chain XLA runs well, measured 0.93x as tiles)
-                    raise Unplannable(f"{op.prim} {ins[0].shape} -> {out.shape} moves data across tile axes")
-            elif op.prim in opdefs.REDUCTIONS:
-                axes = set(op.param("axes"))
-                kept = [i for i in range(len(ins[0].shape)) if i not in axes]
-                for j, i in enumerate(kept):
-                    changed |= unify(ins[0], i, out, j)
+            changed |= _tie_axes(op, labels, unify, transposed)
         if not changed:
             break
+
+
+def _tie_axes(op: ir.Op, labels: dict[int, list], unify, transposed: set[int]) -> bool:
+    """One op's ties between its operands' dimensions and its result's (one pass of
+    _propagate_labels); whether a label changed."""
+    changed = False
+    out = op.outputs[0]
+    ins = [a for a in op.inputs if isinstance(a, ir.Value)]
+    if op.prim in opdefs.ELEMENTWISE:
+        for a in ins:
+            if len(a.shape) == len(out.shape):
+                for i, (da, do) in enumerate(zip(a.shape, out.shape)):
+                    if da == do != 1:
+                        changed |= unify(a, i, out, i)
+            elif a.shape:
+                raise Unplannable(f"{op.prim} of operands of different ranks")
+    elif op.prim == "transpose":  # output dimension j is operand dimension perm[j]
+        for j, i in enumerate(op.param("permutation")):
+            if ins[0].shape[i] != 1:
+                changed |= unify(ins[0], i, out, j)
+    elif op.prim == "broadcast_in_dim" and ins:
+        for i, d in enumerate(op.param("broadcast_dimensions")):
+            if ins[0].shape[i] != 1:
+                changed |= unify(ins[0], i, out, d)
+    elif opdefs.is_layout(op) and ins:
+        src = [i for i, d in enumerate(ins[0].shape) if d != 1]
+        dst = [i for i, d in enumerate(out.shape) if d != 1]
+        if [ins[0].shape[i] for i in src] == [out.shape[i] for i in dst]:
+            for i, j in zip(src, dst):
+                changed |= unify(ins[0], i, out, j)
+        elif transposed:  # a reshape merging or splitting a transposed tile's two axes
+            changed |= _merge_or_split(ins[0], src, out, dst, labels, unify)
+        else:  # (rows split into tiles alone: a row chain XLA runs well, measured 0.93x as tiles)
+            raise Unplannable(f"{op.prim} {ins[0].shape} -> {out.shape} moves data across tile axes")
+    elif op.prim in opdefs.REDUCTIONS:
+        axes = set(op.param("axes"))
+        kept = [i for i in range(len(ins[0].shape)) if i not in axes]
+        for j, i in enumerate(kept):
+            changed |= unify(ins[0], i, out, j)
+    return changed
+
+
+def _label_by_size(labels: dict[int, list], values: dict[int, ir.Value], names: list[str],
+                   shape: tuple[int, ...]) -> None:
+    """Labels what propagation left unlabelled where only one tile axis has its size."""
     sizes = dict(zip(names, shape))
     for vid, ls in labels.items():  # an axis no op ties to the tile (a broadcast not yet used): by size
         for i, x in enumerate(ls):
@@ -291,6 +320,12 @@ def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, li
                 fit = [name for name in names if sizes[name] == values[vid].shape[i]]
                 if len(fit) == 1:
                     ls[i] = fit[0]
+
+
+def _kinds_and_orders(labels: dict[int, list], values: dict[int, ir.Value], names: list[str]
+                      ) -> tuple[dict[int, str], dict[int, str]]:
+    """Each value's kind and memory order from its final labels, raising for values the tile
+    scheme cannot hold (an unlabelled axis, batch axes transposed or only partly spanned)."""
     kinds, orders = {}, {}
     order = {name: i for i, name in enumerate(names)}
     for vid, ls in labels.items():
@@ -306,7 +341,7 @@ def label(region: Region) -> tuple[tuple[int, ...], dict[int, str], dict[int, li
             raise Unplannable(f"a value of shape {values[vid].shape} spans part of the batch axes")
         kinds[vid] = (N if batch else "") + "".join(sorted(tile_axes))
         orders[vid] = (N if batch else "") + "".join(tile_axes)
-    return shape, kinds, labels, orders
+    return kinds, orders
 
 
 def _merge_or_split(x: ir.Value, src: list[int], y: ir.Value, dst: list[int], labels, unify) -> bool:
@@ -383,60 +418,98 @@ def _plan_tile(region: Region, target: Target, tuning: Tuning, fast_exp: bool) -
     if moves:
         raise Unplannable(f"{', '.join(moves)} in a tile (data-moving ops other than transposes, and scans, "
                           "are planned in row spaces only)")
-    shape, kinds, labels, orders = label(region)
-    n_rows, ta, tb = math.prod(shape[:-2]), shape[-2], shape[-1]
-    alias = {}
-    for op in region.ops:
-        if _names_its_operand(op):
-            alias[op.outputs[0].id] = op.inputs[0].id
+    schedule = _TileSchedule(region, tuning, *label(region))
+    schedule.stage_inputs()
+    for op in schedule.compute:
+        if op.prim in opdefs.REDUCTIONS:
+            schedule.schedule_reduction(op)
+        else:
+            schedule.schedule_elementwise(op)
+    schedule.schedule_stores()
+    return schedule.plan(target, fast_exp)
 
-    def root(vid):
-        while vid in alias:
-            vid = alias[vid]
+
+class _TileSchedule:
+    """The state _plan_tile fills in, one phase a method: each value's home and epochs (`tv`), the
+    steps of each epoch, and the shared memory laid out so far."""
+
+    def __init__(self, region: Region, tuning: Tuning, shape: tuple[int, ...], kinds: dict[int, str],
+                 labels: dict[int, list], orders: dict[int, str]):
+        self.region, self.tuning = region, tuning
+        self.kinds, self.labels, self.orders = kinds, labels, orders
+        self.n_rows, self.ta, self.tb = math.prod(shape[:-2]), shape[-2], shape[-1]
+        self.alias = {}
+        for op in region.ops:
+            if _names_its_operand(op):
+                self.alias[op.outputs[0].id] = op.inputs[0].id
+        self.compute = [op for op in region.ops if not opdefs.is_layout(op) and op.prim != "transpose"]
+        self._check_reductions()
+        self.outputs = {v.id for v in region.outputs}
+        self.full_readers = self._full_readers()
+        self.teams = tuning.teams or 1
+        self.block = 32 if self.teams > 1 else _block(tuning)  # threads a tile (a team)
+        self.stage = 0
+        self.smem = 0
+        self.tv: dict[int, TileValue] = {}
+        self.steps: dict[tuple[int, str], dict] = {}
+        self.partials = []  # reductions finished from per-warp partials (their slots are laid out last)
+        # Values along a or b that take a few instructions from inputs and registers: recomputed where
+        # used, even in tile-wide loops, rather than materialized (a shared array costs a barrier).
+        self.cheap: set[int] = set()
+
+    def root(self, vid: int) -> int:
+        """The value a layout op's or a transpose's result names (itself for any other)."""
+        while vid in self.alias:
+            vid = self.alias[vid]
         return vid
 
-    def dom(vid):
-        return kinds[vid].replace(N, "")
+    def dom(self, vid: int) -> str:
+        """The value's domain: the tile axes it varies over inside one batch element."""
+        return self.kinds[vid].replace(N, "")
 
-    compute = [op for op in region.ops if not opdefs.is_layout(op) and op.prim != "transpose"]
-    for op in compute:
-        if op.prim in opdefs.REDUCTIONS:
-            if op.prim in opdefs.PICKING:
-                raise Unplannable(f"{op.prim} in a tile")
-            if N in _reduced_axes(op, kinds):
-                raise Unplannable(f"{op.prim} over the batch axes (a column reduction) in a tile")
-    # Which values a full-tile consumer reads: materialized along their axis when not full themselves.
-    outputs = {v.id for v in region.outputs}
-    full_readers: set[int] = set()
-    for op in compute:
-        d = dom(op.inputs[0].id) if op.prim in opdefs.REDUCTIONS else dom(op.outputs[0].id)
-        if d == FULL:
-            full_readers.update(root(a.id) for a in op.inputs if isinstance(a, ir.Value))
-    for v in region.outputs:
-        if dom(v.id) == FULL:
-            full_readers.add(root(v.id))
+    def _check_reductions(self) -> None:
+        """Raises for reductions a tile cannot run: picking ones, and those over the batch axes."""
+        for op in self.compute:
+            if op.prim in opdefs.REDUCTIONS:
+                if op.prim in opdefs.PICKING:
+                    raise Unplannable(f"{op.prim} in a tile")
+                if N in _reduced_axes(op, self.kinds):
+                    raise Unplannable(f"{op.prim} over the batch axes (a column reduction) in a tile")
 
-    teams = tuning.teams or 1
-    block = 32 if teams > 1 else _block(tuning)  # threads a tile (a team)
-    stage = 0
-    tv: dict[int, TileValue] = {}
-    for v in region.inputs:
-        if N in kinds[v.id]:
-            count = v.size // n_rows
-            size = count * v.itemsize
-            copy = (VECTORS if size % 16 == 0 and size // 16 <= MAX_VECTORS_PER_THREAD * block else
-                    ASYNC if size % 16 == 0 else
-                    REGS if count <= MAX_REGS_PER_THREAD * block else SYNC)
-            wide = copy == REGS and v.dtype in ir.HALF_DTYPES
-            tv[v.id] = TileValue(v, kinds[v.id], STASH, 0, 0, stage, copy=copy, order=_transposed(orders[v.id]),
-                                 wide=wide)
-            stage += _pad(4 * count if wide else size)
-        else:
-            tv[v.id] = TileValue(v, kinds[v.id], GLOBAL, 0, order=_transposed(orders[v.id]))
-    smem = 2 * stage
+    def _full_readers(self) -> set[int]:
+        """Which values a full-tile consumer reads: materialized along their axis when not full themselves."""
+        full_readers: set[int] = set()
+        for op in self.compute:
+            d = self.dom(op.inputs[0].id) if op.prim in opdefs.REDUCTIONS else self.dom(op.outputs[0].id)
+            if d == FULL:
+                full_readers.update(self.root(a.id) for a in op.inputs if isinstance(a, ir.Value))
+        for v in self.region.outputs:
+            if self.dom(v.id) == FULL:
+                full_readers.add(self.root(v.id))
+        return full_readers
 
-    def need(a, consumer_domain: str) -> int:
-        t = tv.get(root(a.id))
+    def stage_inputs(self) -> None:
+        """Homes the inputs: each batch element's own in the stage buffers (copied ahead as `copy`
+        says), those the same for every batch element read in place."""
+        block = self.block
+        for v in self.region.inputs:
+            if N in self.kinds[v.id]:
+                count = v.size // self.n_rows
+                size = count * v.itemsize
+                copy = (VECTORS if size % 16 == 0 and size // 16 <= MAX_VECTORS_PER_THREAD * block else
+                        ASYNC if size % 16 == 0 else
+                        REGS if count <= MAX_REGS_PER_THREAD * block else SYNC)
+                wide = copy == REGS and v.dtype in ir.HALF_DTYPES
+                self.tv[v.id] = TileValue(v, self.kinds[v.id], STASH, 0, 0, self.stage, copy=copy,
+                                          order=_transposed(self.orders[v.id]), wide=wide)
+                self.stage += _pad(4 * count if wide else size)
+            else:
+                self.tv[v.id] = TileValue(v, self.kinds[v.id], GLOBAL, 0, order=_transposed(self.orders[v.id]))
+        self.smem = 2 * self.stage
+
+    def _need(self, a, consumer_domain: str) -> int:
+        """The first epoch in which an op over `consumer_domain` can read `a`."""
+        t = self.tv.get(self.root(a.id))
         if t is None:  # a broadcast literal
             return 0
         if consumer_domain == FULL and t.domain != FULL and t.array_epoch >= 0:
@@ -447,110 +520,132 @@ def _plan_tile(region: Region, target: Target, tuning: Tuning, fast_exp: bool) -
             return t.array_epoch
         return t.epoch
 
-    def finished_in(a) -> int:
+    def _finished_in(self, a) -> int:
         """`need` for an op of the MAP_B loop that combines ALONG_A partials: their sum is a local
         there, one epoch before its array can be read."""
-        t = tv.get(root(a.id))
-        if t is not None and t.home == ARRAY and t.epoch < 0 and t.value.id in partials:
+        t = self.tv.get(self.root(a.id))
+        if t is not None and t.home == ARRAY and t.epoch < 0 and t.value.id in self.partials:
             return t.array_epoch - 1
-        return need(a, B)
+        return self._need(a, B)
 
-    steps: dict[tuple[int, str], dict] = {}
+    def _ready(self, op: ir.Op, consumer_domain: str) -> int:
+        """The first epoch in which all of the op's operands can be read by a loop over `consumer_domain`."""
+        return max([self._need(a, consumer_domain) for a in op.inputs if isinstance(a, ir.Value)] + [0])
 
-    def step(epoch, loop):
-        return steps.setdefault((epoch, loop), {"ops": [], "finish": [], "stores": []})
+    def _step(self, epoch: int, loop: str) -> dict:
+        """The ops, finished reductions and stores of one loop of one epoch, created on first use."""
+        return self.steps.setdefault((epoch, loop), {"ops": [], "finish": [], "stores": []})
 
-    partials = []  # reductions finished from per-warp partials (their slots are laid out last)
-    # Values along a or b that take a few instructions from inputs and registers: recomputed where
-    # used, even in tile-wide loops, rather than materialized (a shared array costs a barrier).
-    cheap: set[int] = set()
-    for op in compute:
+    def schedule_elementwise(self, op: ir.Op) -> None:
+        """Places an op that reduces nothing (elementwise, broadcast, iota ...): in a register, inline
+        where it is read, or materialized in a shared array along its axis."""
         out = op.outputs[0]
-        is_red = op.prim in opdefs.REDUCTIONS
-        cdom = dom(op.inputs[0].id) if is_red else dom(out.id)
-        e = max([need(a, cdom) for a in op.inputs if isinstance(a, ir.Value)] + [0])
-        d = dom(out.id)
-        if not is_red:
-            axis = _iota_axis(op, labels)
-            srcs = [tv.get(root(a.id)) for a in op.inputs if isinstance(a, ir.Value)]
-            if op.prim not in opdefs.EXPENSIVE and all(
-                    t is None or t.home in (STASH, GLOBAL, REG) or t.value.id in cheap for t in srcs):
-                cheap.add(out.id)
-            if d in (A, B) and (out.id in outputs or out.id in full_readers and out.id not in cheap):
-                if d == B:  # in the MAP_B loop that combines a reduction's partials, after it
-                    e = max([finished_in(a) for a in op.inputs if isinstance(a, ir.Value)] + [0])
-                tv[out.id] = TileValue(out, kinds[out.id], ARRAY, e, e + 1, smem, iota_axis=axis)
-                smem += _pad(4 * (ta if d == A else tb))
-                step(e, MAP_A if d == A else MAP_B)["ops"].append(op)
-            elif d == ROW:
-                tv[out.id] = TileValue(out, kinds[out.id], REG, e, iota_axis=axis)
-                step(e, ROW_STEP)["ops"].append(op)
-            else:
-                tv[out.id] = TileValue(out, kinds[out.id], INLINE, e, iota_axis=axis)
-            continue
-        reduced = _reduced_axes(op, kinds)
-        src = dom(op.inputs[0].id)
+        e = self._ready(op, self.dom(out.id))
+        d = self.dom(out.id)
+        axis = _iota_axis(op, self.labels)
+        srcs = [self.tv.get(self.root(a.id)) for a in op.inputs if isinstance(a, ir.Value)]
+        if op.prim not in opdefs.EXPENSIVE and all(
+                t is None or t.home in (STASH, GLOBAL, REG) or t.value.id in self.cheap for t in srcs):
+            self.cheap.add(out.id)
+        if d in (A, B) and (out.id in self.outputs or out.id in self.full_readers and out.id not in self.cheap):
+            if d == B:  # in the MAP_B loop that combines a reduction's partials, after it
+                e = max([self._finished_in(a) for a in op.inputs if isinstance(a, ir.Value)] + [0])
+            self.tv[out.id] = TileValue(out, self.kinds[out.id], ARRAY, e, e + 1, self.smem, iota_axis=axis)
+            self.smem += _pad(4 * (self.ta if d == A else self.tb))
+            self._step(e, MAP_A if d == A else MAP_B)["ops"].append(op)
+        elif d == ROW:
+            self.tv[out.id] = TileValue(out, self.kinds[out.id], REG, e, iota_axis=axis)
+            self._step(e, ROW_STEP)["ops"].append(op)
+        else:
+            self.tv[out.id] = TileValue(out, self.kinds[out.id], INLINE, e, iota_axis=axis)
+
+    def schedule_reduction(self, op: ir.Op) -> None:
+        """Places a reduction in the loop that walks the axes it reduces, its result in a shared
+        array or a register (partials of each warp first where it spans warps)."""
+        out = op.outputs[0]
+        e = self._ready(op, self.dom(op.inputs[0].id))
+        d = self.dom(out.id)
+        reduced = _reduced_axes(op, self.kinds)
+        src = self.dom(op.inputs[0].id)
         if src == FULL and d == A:          # over b, for each a
-            tv[out.id] = TileValue(out, kinds[out.id], ARRAY, -1, e + 1, smem)
-            smem += _pad(4 * ta)
-            step(e, ALONG_B)["ops"].append(op)
+            self.tv[out.id] = TileValue(out, self.kinds[out.id], ARRAY, -1, e + 1, self.smem)
+            self.smem += _pad(4 * self.ta)
+            self._step(e, ALONG_B)["ops"].append(op)
         elif src == FULL and d == B:        # over a, for each b: partials, then combined
-            tv[out.id] = TileValue(out, kinds[out.id], ARRAY, -1, e + 2, smem)
-            smem += _pad(4 * tb)
-            partials.append(out.id)
-            step(e, ALONG_A)["ops"].append(op)
-            step(e + 1, MAP_B)["finish"].append(op)
+            self.tv[out.id] = TileValue(out, self.kinds[out.id], ARRAY, -1, e + 2, self.smem)
+            self.smem += _pad(4 * self.tb)
+            self.partials.append(out.id)
+            self._step(e, ALONG_A)["ops"].append(op)
+            self._step(e + 1, MAP_B)["finish"].append(op)
         elif src == FULL:                   # over the whole tile: per-warp partials
-            tv[out.id] = TileValue(out, kinds[out.id], REG, e + 1)
-            partials.append(out.id)
-            step(e, EACH)["ops"].append(op)
-            step(e + 1, ROW_STEP)["finish"].append(op)
+            self.tv[out.id] = TileValue(out, self.kinds[out.id], REG, e + 1)
+            self.partials.append(out.id)
+            self._step(e, EACH)["ops"].append(op)
+            self._step(e + 1, ROW_STEP)["finish"].append(op)
         elif src in (A, B) and d == ROW:    # every warp reduces the axis itself: no barrier
-            tv[out.id] = TileValue(out, kinds[out.id], REG, e)
-            step(e, ROW_STEP)["ops"].append(op)
+            self.tv[out.id] = TileValue(out, self.kinds[out.id], REG, e)
+            self._step(e, ROW_STEP)["ops"].append(op)
         else:
             raise Unplannable(f"{op.prim} over {reduced} of a value along {src or 'no axis'}")
 
-    for v in region.outputs:
-        d, t = dom(v.id), tv.get(root(v.id))
-        if d in (A, B) and t is not None and t.home == ARRAY and t.domain == d:
-            continue  # stored where its array is written
-        loop = {FULL: EACH, A: MAP_A, B: MAP_B, ROW: ROW_STEP}[d]
-        step(max(need(v, d), 0), loop)["stores"].append(v)
+    def schedule_stores(self) -> None:
+        """Stores each region output in the first loop along its axes that can read it."""
+        for v in self.region.outputs:
+            d, t = self.dom(v.id), self.tv.get(self.root(v.id))
+            if d in (A, B) and t is not None and t.home == ARRAY and t.domain == d:
+                continue  # stored where its array is written
+            loop = {FULL: EACH, A: MAP_A, B: MAP_B, ROW: ROW_STEP}[d]
+            self._step(max(self._need(v, d), 0), loop)["stores"].append(v)
 
-    nwarps = block // 32
-    paired = takes_pairs(tv.values(), tb)
-    n_slices = team_slices(ta, tb, paired) if teams > 1 else slices(block, tb, paired)
-    ordered = []
-    loop_order = [ROW_STEP, EACH, ALONG_B, ALONG_A, MAP_A, MAP_B]
-    for (e, loop) in sorted(steps, key=lambda k: (k[0], loop_order.index(k[1]))):
-        s = steps[(e, loop)]
-        ordered.append(TileStep(e, loop, tuple(s["ops"]), tuple(s["finish"]), tuple(s["stores"])))
-    if teams > 1:
-        ordered, rows = _each_along_a(ordered, block, tb, orders)
-        n_slices = rows or n_slices
-    producer = {op.outputs[0].id: op for op in compute}
-    sizes = {t.value.id: _pad(4 * (ta if t.domain == A else tb)) for t in tv.values() if t.home == ARRAY}
-    partial_sizes = {vid: _pad(4 * (n_slices * tb if tv[vid].domain == B else nwarps)) for vid in partials}
-    tv, smem = _share_shared_memory(ordered, tv, producer, root, 2 * stage, sizes, partial_sizes)
-    if smem > MAX_TILE_SMEM:
-        raise Unplannable(f"a {ta}x{tb} tile needs {smem} bytes of shared memory (at most {MAX_TILE_SMEM})")
-    group = lanes_per_a(block, ta, tb)
-    threads, smem = block * teams, smem * teams
-    if smem > target.smem_optin:
-        raise Unplannable(f"{teams} tiles of {ta}x{tb} a block need {smem} bytes of shared memory "
-                          f"(a block may have {target.smem_optin})")
-    per_sm = max(1, _resident_blocks(threads, smem, target))
-    min_blocks = max(1, min(per_sm, tuning.min_threads // threads))
-    grid = min(-(-n_rows // teams), target.sm_count * per_sm)  # one wave; compile_region sizes it off the cubin
-    mapping = TileMapping(n_rows, ta, tb, threads, grid, smem, min_blocks, group, stage, pairs=paired,
-                          slices=n_slices, teams=teams)
-    epochs = max([s.epoch for s in ordered] + [0])
-    return TilePlan(region, tuple(tv[v] for v in tv), tuple(ordered), mapping, tuple(alias.items()),
-                    epochs, tuple((v.id, orders[v.id]) for v in region.outputs), fast_exp=fast_exp,
-                    merged_store=any(len(x) == 2 and not x.startswith("n") for v in region.outputs
-                                     for x in labels[v.id]),
-                    one_warp=_one_warp_epochs(ordered, tv, producer, root))
+    def _ordered_steps(self) -> list[TileStep]:
+        """The steps by epoch, each epoch's loops in the order the kernel runs them."""
+        ordered = []
+        loop_order = [ROW_STEP, EACH, ALONG_B, ALONG_A, MAP_A, MAP_B]
+        for (e, loop) in sorted(self.steps, key=lambda k: (k[0], loop_order.index(k[1]))):
+            s = self.steps[(e, loop)]
+            ordered.append(TileStep(e, loop, tuple(s["ops"]), tuple(s["finish"]), tuple(s["stores"])))
+        return ordered
+
+    def plan(self, target: Target, fast_exp: bool) -> TilePlan:
+        """The TilePlan of the scheduled steps, once their shared memory is shared out."""
+        ta, tb, block, teams = self.ta, self.tb, self.block, self.teams
+        nwarps = block // 32
+        paired = takes_pairs(self.tv.values(), tb)
+        n_slices = team_slices(ta, tb, paired) if teams > 1 else slices(block, tb, paired)
+        ordered = self._ordered_steps()
+        if teams > 1:
+            ordered, rows = _each_along_a(ordered, block, tb, self.orders)
+            n_slices = rows or n_slices
+        producer = {op.outputs[0].id: op for op in self.compute}
+        sizes = {t.value.id: _pad(4 * (ta if t.domain == A else tb)) for t in self.tv.values() if t.home == ARRAY}
+        partial_sizes = {vid: _pad(4 * (n_slices * tb if self.tv[vid].domain == B else nwarps))
+                         for vid in self.partials}
+        tv, smem = _share_shared_memory(ordered, self.tv, producer, self.root, 2 * self.stage, sizes, partial_sizes)
+        self.tv = tv
+        if smem > MAX_TILE_SMEM:
+            raise Unplannable(f"a {ta}x{tb} tile needs {smem} bytes of shared memory (at most {MAX_TILE_SMEM})")
+        mapping = self._mapping(target, smem, paired, n_slices)
+        epochs = max([s.epoch for s in ordered] + [0])
+        region, labels, orders = self.region, self.labels, self.orders
+        return TilePlan(region, tuple(tv[v] for v in tv), tuple(ordered), mapping, tuple(self.alias.items()),
+                        epochs, tuple((v.id, orders[v.id]) for v in region.outputs), fast_exp=fast_exp,
+                        merged_store=any(len(x) == 2 and not x.startswith("n") for v in region.outputs
+                                         for x in labels[v.id]),
+                        one_warp=_one_warp_epochs(ordered, tv, producer, self.root))
+
+    def _mapping(self, target: Target, smem: int, paired: bool, n_slices: int) -> TileMapping:
+        """The launch shape: TEAMS tiles a block, `smem` bytes of shared memory each, one wave of blocks."""
+        ta, tb, block, teams, n_rows = self.ta, self.tb, self.block, self.teams, self.n_rows
+        group = lanes_per_a(block, ta, tb)
+        threads, smem = block * teams, smem * teams
+        if smem > target.smem_optin:
+            raise Unplannable(f"{teams} tiles of {ta}x{tb} a block need {smem} bytes of shared memory "
+                              f"(a block may have {target.smem_optin})")
+        per_sm = max(1, _resident_blocks(threads, smem, target))
+        min_blocks = max(1, min(per_sm, self.tuning.min_threads // threads))
+        grid = min(-(-n_rows // teams), target.sm_count * per_sm)  # one wave; compile_region sizes it off the cubin
+        return TileMapping(n_rows, ta, tb, threads, grid, smem, min_blocks, group, self.stage, pairs=paired,
+                           slices=n_slices, teams=teams)
 
 
 def _each_along_a(steps: list[TileStep], team: int, tb: int, orders: dict[int, str]
