@@ -133,6 +133,50 @@ def xla_slow_ns(ops, layout: Layout, target: Target) -> float:
     return sum(slow.get(op.prim, 0.0) for op in ops if op.outputs and layout.of(op.outputs[0]).storage == FULL)
 
 
+def _xla_side(layout: Layout, outputs, target: Target, bw: float, must_move: int, full_in: int, row_levels: int,
+              n_grid_reductions: int, n_scans: int, views_after_reduction: bool, xla_row_levels: int | None,
+              integer_ops: int, xla_unfused: int, xla_slow: float, xla_copied: int) -> tuple[int, int, float]:
+    """XLA's side of `estimate` (its parameters mean the same there): (kernels, bytes, us) of the way XLA
+    fuses the region, kept apart from our kernel's side. `bw`: bytes per microsecond."""
+    rates = target.calibration
+    elems = layout.n_rows * layout.n_cols
+    n_full_out = sum(1 for v in outputs if layout.of(v).declared == FULL)
+    if xla_row_levels is not None:
+        row_levels = max(row_levels, xla_row_levels)
+    f32_full = layout.n_rows * layout.n_cols * 4
+    triton_us = 0.0
+    if row_levels == 0 and n_grid_reductions == 0:
+        xla_kernels, xla_bytes, eff = 1, must_move, OUR_EFFICIENCY
+    elif layout.n_cols > XLA_RACE_FREE_ROW:
+        xla_kernels = 2 * row_levels + 1 + n_grid_reductions
+        xla_bytes = must_move + row_levels * full_in + n_grid_reductions * f32_full
+        eff = XLA_EFFICIENCY
+    elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1 and views_after_reduction:
+        xla_kernels, xla_bytes, eff = 2, must_move + full_in, XLA_EFFICIENCY
+    elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1 and xla_unfused:
+        xla_kernels, xla_bytes, eff = 1 + xla_unfused, must_move + xla_unfused * full_in, XLA_SPLIT_EFFICIENCY
+    elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1:
+        xla_kernels, xla_bytes, eff = 1, must_move, XLA_ONE_PASS_EFFICIENCY
+        if row_levels and n_full_out:  # (XLA's Triton kernel: its slow ops' time adds to the loads')
+            triton_us = xla_slow * elems / target.sm_count / 1e3
+    else:
+        splits = max(0, row_levels - 1)
+        xla_kernels = 1 + splits + n_grid_reductions
+        xla_bytes = must_move + splits * (full_in + 2 * f32_full) + n_grid_reductions * f32_full
+        if views_after_reduction:  # (the data-moving ops' kernel, as in the two-kernel case above)
+            xla_kernels, xla_bytes = xla_kernels + 1, xla_bytes + full_in
+        eff = XLA_EFFICIENCY
+    if n_scans:
+        xla_kernels += SCAN_XLA_KERNELS * n_scans
+        xla_bytes += SCAN_XLA_PASSES * n_scans * f32_full
+    if xla_copied:
+        xla_kernels, xla_bytes = xla_kernels + 1, xla_bytes + 2 * xla_copied
+    xla = max(xla_bytes / (bw * eff), integer_ops * elems / (rates.xla_int_ops_per_sm_us * target.sm_count))
+    xla += triton_us
+    xla += xla_kernels * target.launch_us
+    return xla_kernels, xla_bytes, xla
+
+
 def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_bytes: int,
              target: Target, rereads: bool = False, busy_sms: int | None = None,
              split_rounds: int = 0, gathered_bytes: int = 0, n_scans: int = 0,
@@ -184,38 +228,7 @@ def estimate(layout: Layout, inputs, outputs, n_grid_reductions: int, workspace_
     ours = max(ours, issue, integer_ops * elems / (rates.our_int_ops_per_sm_us * target.sm_count))
     grid_syncs = (1 if n_grid_reductions else 0) + row_levels * split_rounds
     ours += target.launch_us + grid_syncs * target.grid_sync_us
-    n_full_out = sum(1 for v in outputs if layout.of(v).declared == FULL)
-    if xla_row_levels is not None:
-        row_levels = max(row_levels, xla_row_levels)
-    f32_full = layout.n_rows * layout.n_cols * 4
-    triton_us = 0.0
-    if row_levels == 0 and n_grid_reductions == 0:
-        xla_kernels, xla_bytes, eff = 1, must_move, OUR_EFFICIENCY
-    elif layout.n_cols > XLA_RACE_FREE_ROW:
-        xla_kernels = 2 * row_levels + 1 + n_grid_reductions
-        xla_bytes = must_move + row_levels * full_in + n_grid_reductions * f32_full
-        eff = XLA_EFFICIENCY
-    elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1 and views_after_reduction:
-        xla_kernels, xla_bytes, eff = 2, must_move + full_in, XLA_EFFICIENCY
-    elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1 and xla_unfused:
-        xla_kernels, xla_bytes, eff = 1 + xla_unfused, must_move + xla_unfused * full_in, XLA_SPLIT_EFFICIENCY
-    elif n_grid_reductions == 0 and row_levels <= 2 and n_full_out <= 1:
-        xla_kernels, xla_bytes, eff = 1, must_move, XLA_ONE_PASS_EFFICIENCY
-        if row_levels and n_full_out:  # (XLA's Triton kernel: its slow ops' time adds to the loads')
-            triton_us = xla_slow * elems / target.sm_count / 1e3
-    else:
-        splits = max(0, row_levels - 1)
-        xla_kernels = 1 + splits + n_grid_reductions
-        xla_bytes = must_move + splits * (full_in + 2 * f32_full) + n_grid_reductions * f32_full
-        if views_after_reduction:  # (the data-moving ops' kernel, as in the two-kernel case above)
-            xla_kernels, xla_bytes = xla_kernels + 1, xla_bytes + full_in
-        eff = XLA_EFFICIENCY
-    if n_scans:
-        xla_kernels += SCAN_XLA_KERNELS * n_scans
-        xla_bytes += SCAN_XLA_PASSES * n_scans * f32_full
-    if xla_copied:
-        xla_kernels, xla_bytes = xla_kernels + 1, xla_bytes + 2 * xla_copied
-    xla = max(xla_bytes / (bw * eff), integer_ops * elems / (rates.xla_int_ops_per_sm_us * target.sm_count))
-    xla += triton_us
-    xla += xla_kernels * target.launch_us
+    xla_kernels, xla_bytes, xla = _xla_side(layout, outputs, target, bw, must_move, full_in, row_levels,
+                                            n_grid_reductions, n_scans, views_after_reduction, xla_row_levels,
+                                            integer_ops, xla_unfused, xla_slow, xla_copied)
     return Estimate(must_move - skipped_bytes, ours, xla_kernels, xla_bytes, xla)

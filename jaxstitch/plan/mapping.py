@@ -500,15 +500,11 @@ def _two_per_sm_same_share(n: int, c: int, vec: int, budget: int, current: int, 
     return k if want2 == 2 and share2 >= share else current
 
 
-def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_reduced: bool,
-           target: Target, tuning: Tuning = Tuning(), stash_itemsizes: tuple[int, ...] = (),
-           splittable: bool = True, one_pass: bool = False, pair: int = 0) -> Mapping:
-    """`pair`: a thread holds each column with the one `pair` after it (plan/pairs.py), else
-    Unplannable. `stash_itemsizes`: the item sizes of the row inputs (those a stash would keep); `splittable`:
-    whether a row's reductions may be combined across blocks (not ops.PICKING, not scans);
-    `one_pass`: the kernel reads each row once (cost.chunk_passes), so a row walked in chunks or
-    split keeps nothing in a stash, and its slices need not fit one."""
-    n, c = layout.n_rows, layout.n_cols
+def _thread_shape(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, target: Target, tuning: Tuning,
+                  one_pass: bool, pair: int) -> tuple[int, int, int, int, int]:
+    """(vector, element budget per thread and array, threads per row, vectors per thread, chunks) of an unsplit
+    row: `choose`'s first step, apart so that `choose` stays readable."""
+    c = layout.n_cols
     # Every array moved per element, by its declared kind too: a broadcast row stored as an output
     # is written at full size though it is held as one register.
     # (A column reduction's result is not one of them: the epilogue writes it once, not per vector.)
@@ -538,38 +534,32 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
         tpr, vpt, chunks = _row_shape(c, vec, budget, ONE_PASS_TPR)
     if pair:
         vec, tpr, vpt = _paired_shape(c, vec, tpr, vpt, chunks, pair, tuning.elems or PAIRED_MAX_ELEMS)
-    col_partials = grid_reduced and any(p.declared == COL and p.level < 0 for p in layout.values)
-    splits, slice_cols, stash_per_sm, one_round = 1, c, 0, ()
-    # Few long rows: each split over several blocks (JAXSTITCH_TUNE splits=1 never splits).
-    if chunks > 1 and splittable and not col_partials and tuning.splits != 1 and not pair:
-        # (a forced K is kept to the SMs: a round of tasks must hold a whole row)
-        if tuning.splits:
-            splits = min(tuning.splits, target.sm_count)
-        else:
-            splits = split_count(n, c, vec, target)
-            if splits > 1 and not one_pass and _async_copyable(vec, stash_itemsizes):
-                splits = _stashing_splits(n, c, vec, budget, splits, stash_itemsizes, target, tuning.max_tpr)
-                splits = _two_per_sm_whole(n, c, vec, budget, splits, stash_itemsizes, target, tuning.max_tpr)
-                splits = _two_per_sm_same_share(n, c, vec, budget, splits, stash_itemsizes, target,
-                                                tuning.max_tpr)
-                splits, stash_per_sm, one_round = _stash_in_rounds(n, c, vec, budget, splits, stash_itemsizes,
-                                                                   target, tuning.max_tpr)
-        if splits > 1:
-            slice_cols = math.ceil(c / splits / vec) * vec  # slices start on a vector
-            splits = math.ceil(c / slice_cols)
-            tpr, vpt, chunks = _row_shape(slice_cols, vec, budget, tuning.max_tpr)
-    if one_pass and (chunks > 1 or splits > 1):
-        stash_itemsizes = ()
-    if chunks > 1 and splits == 1 and tpr == CHUNKED_TPR:
-        half = _row_shape(c, vec, budget, CHUNKED_TPR // 2)
-        if _resident_rows(half, vec, stash_itemsizes, target, tuning) > _resident_rows(
-                (tpr, vpt, chunks), vec, stash_itemsizes, target, tuning):
-            tpr, vpt, chunks = half
-    rows_per_block = 1 if splits > 1 else max(1, 256 // tpr)  # a split row's slice is a block's task
-    block = tpr * rows_per_block
-    if chunks > 1 and col_partials:
-        raise Unplannable(f"column reductions over rows of {c} elements (longer than a block "
-                          "holds in registers) are not implemented")
+    return vec, budget, tpr, vpt, chunks
+
+
+def _row_splits(n: int, c: int, vec: int, budget: int, target: Target, tuning: Tuning, stash_itemsizes,
+                one_pass: bool) -> tuple[int, int, tuple[int, ...]]:
+    """(blocks per row, blocks an SM the stash is sized for (0: one round's), Mapping.one_round) for few long
+    rows that may be split: `choose`'s choice of the split count, apart so that `choose` stays readable."""
+    stash_per_sm, one_round = 0, ()
+    # (a forced K is kept to the SMs: a round of tasks must hold a whole row)
+    if tuning.splits:
+        splits = min(tuning.splits, target.sm_count)
+    else:
+        splits = split_count(n, c, vec, target)
+        if splits > 1 and not one_pass and _async_copyable(vec, stash_itemsizes):
+            splits = _stashing_splits(n, c, vec, budget, splits, stash_itemsizes, target, tuning.max_tpr)
+            splits = _two_per_sm_whole(n, c, vec, budget, splits, stash_itemsizes, target, tuning.max_tpr)
+            splits = _two_per_sm_same_share(n, c, vec, budget, splits, stash_itemsizes, target, tuning.max_tpr)
+            splits, stash_per_sm, one_round = _stash_in_rounds(n, c, vec, budget, splits, stash_itemsizes,
+                                                               target, tuning.max_tpr)
+    return splits, stash_per_sm, one_round
+
+
+def _choose_stash(n: int, c: int, vec: int, vpt: int, chunks: int, block: int, splits: int, stash_per_sm: int,
+                  stash_itemsizes, target: Target, tuning: Tuning) -> tuple[str, int, int, int]:
+    """(stash, async stages, stashed chunks (0: all), shared memory bytes) for a row group's inputs: `choose`'s
+    choice of where the rows wait between passes, apart so that `choose` stays readable."""
     stage = sum(stash_slot_bytes(block, chunks, vpt, vec, i) for i in stash_itemsizes)  # a row group's
     room = target.smem_optin - STATIC_SMEM_RESERVE
     copyable = _async_copyable(vec, stash_itemsizes)
@@ -599,6 +589,42 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
         stash_chunks = _partial_stash(stage // chunks, chunks, block, target)
         stage = stage // chunks * (stash_chunks or chunks)
     smem = stage * max(stages, 1) if stash == SHARED or stages else 0
+    return stash, stages, stash_chunks, smem
+
+
+def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_reduced: bool,
+           target: Target, tuning: Tuning = Tuning(), stash_itemsizes: tuple[int, ...] = (),
+           splittable: bool = True, one_pass: bool = False, pair: int = 0) -> Mapping:
+    """`pair`: a thread holds each column with the one `pair` after it (plan/pairs.py), else
+    Unplannable. `stash_itemsizes`: the item sizes of the row inputs (those a stash would keep); `splittable`:
+    whether a row's reductions may be combined across blocks (not ops.PICKING, not scans);
+    `one_pass`: the kernel reads each row once (cost.chunk_passes), so a row walked in chunks or
+    split keeps nothing in a stash, and its slices need not fit one."""
+    n, c = layout.n_rows, layout.n_cols
+    vec, budget, tpr, vpt, chunks = _thread_shape(layout, region_io, n_live_arrays, target, tuning, one_pass, pair)
+    col_partials = grid_reduced and any(p.declared == COL and p.level < 0 for p in layout.values)
+    splits, slice_cols, stash_per_sm, one_round = 1, c, 0, ()
+    # Few long rows: each split over several blocks (JAXSTITCH_TUNE splits=1 never splits).
+    if chunks > 1 and splittable and not col_partials and tuning.splits != 1 and not pair:
+        splits, stash_per_sm, one_round = _row_splits(n, c, vec, budget, target, tuning, stash_itemsizes, one_pass)
+        if splits > 1:
+            slice_cols = math.ceil(c / splits / vec) * vec  # slices start on a vector
+            splits = math.ceil(c / slice_cols)
+            tpr, vpt, chunks = _row_shape(slice_cols, vec, budget, tuning.max_tpr)
+    if one_pass and (chunks > 1 or splits > 1):
+        stash_itemsizes = ()
+    if chunks > 1 and splits == 1 and tpr == CHUNKED_TPR:
+        half = _row_shape(c, vec, budget, CHUNKED_TPR // 2)
+        if _resident_rows(half, vec, stash_itemsizes, target, tuning) > _resident_rows(
+                (tpr, vpt, chunks), vec, stash_itemsizes, target, tuning):
+            tpr, vpt, chunks = half
+    rows_per_block = 1 if splits > 1 else max(1, 256 // tpr)  # a split row's slice is a block's task
+    block = tpr * rows_per_block
+    if chunks > 1 and col_partials:
+        raise Unplannable(f"column reductions over rows of {c} elements (longer than a block "
+                          "holds in registers) are not implemented")
+    stash, stages, stash_chunks, smem = _choose_stash(n, c, vec, vpt, chunks, block, splits, stash_per_sm,
+                                                      stash_itemsizes, target, tuning)
     groups = math.ceil(n * splits / rows_per_block)
     per_sm = max(1, target.max_threads_per_sm // block)
     if smem:
