@@ -189,26 +189,7 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
             for o in op.outputs:
                 node_of_value[o.id] = node
             continue
-        candidates = [nodes.find(node_of_value[v]) for v in vals
-                      if v in node_of_value and nodes.find(node_of_value[v]) in region_ops]
-        candidates = list(dict.fromkeys(candidates))
-        if any(o.size > 1 for o in op.outputs):
-            candidates = [r for r in candidates if not _through_scalars(op, r, region_ops[r], nodes, node_of_value)]
-        if cuts.at_reduced and not opdefs.is_layout(op):
-            candidates = [r for r in candidates
-                          if not any(v in reduced and nodes.find(node_of_value[v]) == r for v in vals)]
-        if cuts.at_grid and opdefs.is_grid_reduction(op):
-            candidates = []
-        epi_in = [v for v in vals if v in epilogue]
-        is_epi = opdefs.is_grid_reduction(op)
-        if epi_in:
-            home = nodes.find(node_of_value[epi_in[0]])
-            pure = (op.prim in opdefs.ELEMENTWISE or opdefs.is_layout(op)) and len(epi_in) == len(vals) \
-                and all(nodes.find(node_of_value[v]) == home for v in vals)
-            # Not pure: the op may not join the epilogue's region, but it may join another producer's
-            # (an optimizer's update reads a stitched bias gradient and `b1 * mu` beside it).
-            epi_homes = {nodes.find(node_of_value[v]) for v in epi_in}
-            candidates, is_epi = ([home], True) if pure else ([r for r in candidates if r not in epi_homes], False)
+        candidates, is_epi = _candidate_regions(op, vals, nodes, node_of_value, region_ops, reduced, epilogue, cuts)
         joined = None
         for r in candidates:
             others = [p for p in producers if p != r]
@@ -247,6 +228,33 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
         _merge_across_views(consumers, nodes, region_ops, fits)
         _tables_apart(region_ops)
     return Partition(_collect(consumers, region_ops, cut), tuple(unsupported))
+
+
+def _candidate_regions(op: ir.Op, vals: list[int], nodes: Nodes, node_of_value: dict, region_ops: dict,
+                       reduced: set[int], epilogue: set[int], cuts: Cuts) -> tuple[list, bool]:
+    """The regions `op` may join (its producers', less those the cuts and epilogue rules exclude), in
+    order of its operands, and whether `op` is an epilogue op (its results final only at the kernel's end)."""
+    candidates = [nodes.find(node_of_value[v]) for v in vals
+                  if v in node_of_value and nodes.find(node_of_value[v]) in region_ops]
+    candidates = list(dict.fromkeys(candidates))
+    if any(o.size > 1 for o in op.outputs):
+        candidates = [r for r in candidates if not _through_scalars(op, r, region_ops[r], nodes, node_of_value)]
+    if cuts.at_reduced and not opdefs.is_layout(op):
+        candidates = [r for r in candidates
+                      if not any(v in reduced and nodes.find(node_of_value[v]) == r for v in vals)]
+    if cuts.at_grid and opdefs.is_grid_reduction(op):
+        candidates = []
+    epi_in = [v for v in vals if v in epilogue]
+    is_epi = opdefs.is_grid_reduction(op)
+    if epi_in:
+        home = nodes.find(node_of_value[epi_in[0]])
+        pure = (op.prim in opdefs.ELEMENTWISE or opdefs.is_layout(op)) and len(epi_in) == len(vals) \
+            and all(nodes.find(node_of_value[v]) == home for v in vals)
+        # Not pure: the op may not join the epilogue's region, but it may join another producer's
+        # (an optimizer's update reads a stitched bias gradient and `b1 * mu` beside it).
+        epi_homes = {nodes.find(node_of_value[v]) for v in epi_in}
+        candidates, is_epi = ([home], True) if pure else ([r for r in candidates if r not in epi_homes], False)
+    return candidates, is_epi
 
 
 # A table computed from small values alone, this many times smaller than its region's largest value,

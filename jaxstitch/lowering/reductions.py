@@ -186,6 +186,26 @@ def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
     round through shared memory for the whole batch of reductions (one barrier pair)."""
     if not ops:
         return
+    slots = _group_partials(k, w, ops)
+    if k.m.tpr > 32:
+        _warps_round(k, w, slots)
+    if k.split:
+        combine_slices(k, w, slots)
+    for op, _ in slots:
+        pair = k.online_by_max.get(op.outputs[0].id)
+        if pair and pair.finite_shift:  # a +inf max: the two-pass sum, shifted by 0, holds exp(+inf)
+            w(f"if (p{pair.max_id} == JS_INF) p{pair.sum_id} = JS_INF;")
+        elif pair:  # a row of -inf only: x - max is NaN in every term, as the two-pass sum has it
+            w(f"if (p{pair.max_id} == -JS_INF) {{ {' '.join(f'p{sid} = JS_NAN;' for sid in pair.sum_ids)} }}"
+              if pair.weighted else f"if (p{pair.max_id} == -JS_INF) p{pair.sum_id} = JS_NAN;")
+    for op, kind in slots:
+        o = op.outputs[kind[1]] if isinstance(kind, tuple) else op.outputs[0]
+        w(f"const {k.ctype(o)} v{o.id} = {'q' if kind == 'arg' else 'p'}{o.id};")
+
+
+def _group_partials(k: Kernel, w: Writer, ops: list[ir.Op]) -> list:
+    """reduce_finish's first stage: each reduction's partials across the row's lanes of a warp
+    (shuffles). Returns the slots, (op, kind) per partial, in the order later stages use them."""
     slots = []
     for op in ops:
         o = op.outputs[0]
@@ -205,65 +225,68 @@ def reduce_finish(k: Kernel, w: Writer, ops: list[ir.Op]):
         elif k.m.tpr > 1:
             w(f"p{o.id} = js_group_reduce<{min(k.m.tpr, 32)}>(p{o.id}, {REDUCE[op.prim][0]});")
         slots.append((op, kind))
-    if k.m.tpr > 32:
-        k.n_row_red = max(k.n_row_red, len(slots))
-        bank = len(k.red_rounds) % 2
-        w("if ((tid & 31) == 0) {")
-        for i, (op, kind) in enumerate(slots):
-            o = op.outputs[0].id
-            if isinstance(kind, tuple):  # a variadic reduce's partial j
-                out = op.outputs[kind[1]]
-                arr = "js_red" if k.ctype(out) == "float" else "js_redi"
-                w(f"  {arr}[{bank}][{i}][row_in_block][lane >> 5] = p{out.id};")
-            elif kind == "arg":
-                w(f"  js_red[{bank}][{i}][row_in_block][lane >> 5] = p{o}; js_redi[{bank}][{i}][row_in_block][lane >> 5] = q{o};")
-            elif kind == "int":
-                w(f"  js_redi[{bank}][{i}][row_in_block][lane >> 5] = p{o};")
-            else:
-                w(f"  js_red[{bank}][{i}][row_in_block][lane >> 5] = (float)p{o};")
-        w("}")
-        w("__syncthreads();")
-        slot_of = {op.outputs[0].id: i for i, (op, _) in enumerate(slots)}
-        for i, (op, kind) in enumerate(slots):
-            o = op.outputs[0].id
-            pair = k.online_by_max.get(o)
-            if o in k.online_by_sum:
-                continue
-            if isinstance(kind, tuple):
-                if kind[1] == 0:  # the warps' partials in warp order, all outputs at once
-                    _variadic_warps(k, w, op, bank, i)
-                continue
-            if pair and not pair.weighted:
-                j, red = slot_of[pair.sum_id], f"js_red[{bank}]"
-                w(f"js_warps_lse<NWARPS_ROW>(p{o}, p{pair.sum_id}, {red}[{i}][row_in_block], {red}[{j}][row_in_block]);")
-            elif pair:  # lane j takes warp j's partials, then the group's fold
-                red = f"js_red[{bank}]"
-                w(f"p{o} = js_warp_partial<NWARPS_ROW>({red}[{i}][row_in_block], -JS_INF);")
-                for sid in pair.sum_ids:
-                    w(f"p{sid} = js_warp_partial<NWARPS_ROW>({red}[{slot_of[sid]}][row_in_block], 0.0f);")
-                _group_online(w, pair, 32)
-            elif kind == "arg":
-                w(f"p{o} = js_red[{bank}][{i}][row_in_block][0]; q{o} = js_redi[{bank}][{i}][row_in_block][0];")
-                w(f"for (int j = 1; j < NWARPS_ROW; ++j) js_arg_combine<{ARG_REDUCE[op.prim]}>(p{o}, q{o}, js_red[{bank}][{i}][row_in_block][j], js_redi[{bank}][{i}][row_in_block][j]);")
-            else:
-                fn = REDUCE[op.prim][0]
-                arr = "js_redi" if kind == "int" else "js_red"
-                w(f"p{o} = {arr}[{bank}][{i}][row_in_block][0];")
-                w(f"for (int j = 1; j < NWARPS_ROW; ++j) p{o} = {fn}(p{o}, ({kind}){arr}[{bank}][{i}][row_in_block][j]);")
-        k.red_rounds.append((w, len(w.lines)))
-        w("__syncthreads();  // before js_red's bank is written again")
-    if k.split:
-        combine_slices(k, w, slots)
-    for op, _ in slots:
-        pair = k.online_by_max.get(op.outputs[0].id)
-        if pair and pair.finite_shift:  # a +inf max: the two-pass sum, shifted by 0, holds exp(+inf)
-            w(f"if (p{pair.max_id} == JS_INF) p{pair.sum_id} = JS_INF;")
-        elif pair:  # a row of -inf only: x - max is NaN in every term, as the two-pass sum has it
-            w(f"if (p{pair.max_id} == -JS_INF) {{ {' '.join(f'p{sid} = JS_NAN;' for sid in pair.sum_ids)} }}"
-              if pair.weighted else f"if (p{pair.max_id} == -JS_INF) p{pair.sum_id} = JS_NAN;")
-    for op, kind in slots:
-        o = op.outputs[kind[1]] if isinstance(kind, tuple) else op.outputs[0]
-        w(f"const {k.ctype(o)} v{o.id} = {'q' if kind == 'arg' else 'p'}{o.id};")
+    return slots
+
+
+def _warps_round(k: Kernel, w: Writer, slots: list):
+    """reduce_finish's round through shared memory, for rows wider than a warp: each warp's lane 0
+    writes its partials, and after one barrier every thread folds the row's warps' partials."""
+    k.n_row_red = max(k.n_row_red, len(slots))
+    bank = len(k.red_rounds) % 2
+    _write_warp_partials(k, w, slots, bank)
+    w("__syncthreads();")
+    _read_warp_partials(k, w, slots, bank)
+    k.red_rounds.append((w, len(w.lines)))
+    w("__syncthreads();  // before js_red's bank is written again")
+
+
+def _write_warp_partials(k: Kernel, w: Writer, slots: list, bank: int):
+    """Lane 0 of every warp writes its partials to js_red / js_redi (bank `bank`), slot by slot."""
+    w("if ((tid & 31) == 0) {")
+    for i, (op, kind) in enumerate(slots):
+        o = op.outputs[0].id
+        if isinstance(kind, tuple):  # a variadic reduce's partial j
+            out = op.outputs[kind[1]]
+            arr = "js_red" if k.ctype(out) == "float" else "js_redi"
+            w(f"  {arr}[{bank}][{i}][row_in_block][lane >> 5] = p{out.id};")
+        elif kind == "arg":
+            w(f"  js_red[{bank}][{i}][row_in_block][lane >> 5] = p{o}; js_redi[{bank}][{i}][row_in_block][lane >> 5] = q{o};")
+        elif kind == "int":
+            w(f"  js_redi[{bank}][{i}][row_in_block][lane >> 5] = p{o};")
+        else:
+            w(f"  js_red[{bank}][{i}][row_in_block][lane >> 5] = (float)p{o};")
+    w("}")
+
+
+def _read_warp_partials(k: Kernel, w: Writer, slots: list, bank: int):
+    """Every thread folds the row's warps' partials (written by _write_warp_partials) into its own."""
+    slot_of = {op.outputs[0].id: i for i, (op, _) in enumerate(slots)}
+    for i, (op, kind) in enumerate(slots):
+        o = op.outputs[0].id
+        pair = k.online_by_max.get(o)
+        if o in k.online_by_sum:
+            continue
+        if isinstance(kind, tuple):
+            if kind[1] == 0:  # the warps' partials in warp order, all outputs at once
+                _variadic_warps(k, w, op, bank, i)
+            continue
+        if pair and not pair.weighted:
+            j, red = slot_of[pair.sum_id], f"js_red[{bank}]"
+            w(f"js_warps_lse<NWARPS_ROW>(p{o}, p{pair.sum_id}, {red}[{i}][row_in_block], {red}[{j}][row_in_block]);")
+        elif pair:  # lane j takes warp j's partials, then the group's fold
+            red = f"js_red[{bank}]"
+            w(f"p{o} = js_warp_partial<NWARPS_ROW>({red}[{i}][row_in_block], -JS_INF);")
+            for sid in pair.sum_ids:
+                w(f"p{sid} = js_warp_partial<NWARPS_ROW>({red}[{slot_of[sid]}][row_in_block], 0.0f);")
+            _group_online(w, pair, 32)
+        elif kind == "arg":
+            w(f"p{o} = js_red[{bank}][{i}][row_in_block][0]; q{o} = js_redi[{bank}][{i}][row_in_block][0];")
+            w(f"for (int j = 1; j < NWARPS_ROW; ++j) js_arg_combine<{ARG_REDUCE[op.prim]}>(p{o}, q{o}, js_red[{bank}][{i}][row_in_block][j], js_redi[{bank}][{i}][row_in_block][j]);")
+        else:
+            fn = REDUCE[op.prim][0]
+            arr = "js_redi" if kind == "int" else "js_red"
+            w(f"p{o} = {arr}[{bank}][{i}][row_in_block][0];")
+            w(f"for (int j = 1; j < NWARPS_ROW; ++j) p{o} = {fn}(p{o}, ({kind}){arr}[{bank}][{i}][row_in_block][j]);")
 
 
 def _variadic_warps(k: Kernel, w: Writer, op: ir.Op, bank: int, first: int):

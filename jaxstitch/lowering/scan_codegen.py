@@ -257,86 +257,21 @@ def render(plan: S.ScanPlan):
     if m.cooperative:
         params.append("void* __restrict__ ws")
 
-    arrays = Writer(1)
-    stored = S.stored(dict(plan.kinds), body, plan.in_place)
-    offsets, _ = S.shared_layout(stored, em.size)
-    for v in stored:
-        ct = CTYPE[v.dtype]
-        arrays(f"{ct}* s{v.id} = reinterpret_cast<{ct}*>(js_dyn + {offsets[v.id]});")
-
-    nc, ncar = plan.num_consts, plan.num_carry
-    xs_first = nc + ncar
-    pro = Writer(1)
-    for k, v in enumerate(body.inputs):
-        src = plan.sources[k]
-        if k >= xs_first:
-            _load_step(pro, em, plan, v, src, "t0", f"s{v.id}[e]")
-        elif em.kind(v).kind == S.PARTIAL or isinstance(src, ir.Const):
-            # a sum over rows starts at 0 here (its input joins it at the end); a literal fills
-            with pro.block(f"for (int e = tid; e < {em.size(v)}; e += BLOCK) {{"):
-                fill = "0.0f" if em.kind(v).kind == S.PARTIAL else literal(src.value, v.dtype)
-                pro(f"s{v.id}[e] = {fill};")
-        else:
-            _load_step(pro, em, plan, v, src, None, f"s{v.id}[e]")
-    first = f"{m.length - 1}" if plan.reverse else "0"
-    pro.lines.insert(0, f"  const int t0 = {first};")
-
-    pre = Writer(2)
-    for k, v in enumerate(body.inputs[xs_first:], xs_first):
-        n = -(-em.size(v) // m.block)
-        pre(f"{CTYPE[v.dtype]} pf{v.id}[{n}];")
-        with pre.block("if (it + 1 < LENGTH) {"):
-            with pre.block(f"for (int q = 0; q < {n}; ++q) {{"):
-                pre("const int e = tid + q * BLOCK;")
-                _load_step(pre, em, plan, v, plan.sources[k], "t_next", f"pf{v.id}[q]", loop=False)
+    arrays = _shared_arrays(plan, em)
+    pro = _prologue(plan, em)
+    pre = _prefetch(plan, em)
 
     w = Writer(2)
     for i, op in enumerate(body.ops):
         em.op(w, op, i)
 
+    ncar = plan.num_carry
     stores = Writer(2)
     for j, y in enumerate(plan.ys):
         _store(stores, em, plan, y, region.outputs[ncar + j], j + ncar, "t")
 
-    adv = Writer(2)
-    for v, out in plan.carries:
-        if em.storage(out) == v.id:
-            continue
-        with adv.block(f"for (int e = tid; e < {em.size(v)}; e += BLOCK) {{"):
-            adv(f"s{v.id}[e] = {em.ref(out, 'e')};")
-    for v in plan.xs:
-        n = -(-em.size(v) // m.block)
-        with adv.block("if (it + 1 < LENGTH) {"):
-            with adv.block(f"for (int q = 0; q < {n}; ++q) {{"):
-                adv("const int e = tid + q * BLOCK;")
-                adv(f"if (e < {em.size(v)}) s{v.id}[e] = pf{v.id}[q];")
-
-    epi = Writer(1)
-    partial = []
-    for j, (v, _) in enumerate(plan.carries):
-        if em.kind(v).kind == S.PARTIAL:
-            partial.append((j, v))
-        else:
-            _store(epi, em, plan, v, region.outputs[j], j, None)
-    if partial:
-        epi("float* js_ws = reinterpret_cast<float*>(ws);")
-        base = 0
-        for j, v in partial:
-            with epi.block(f"for (int e = tid; e < {v.size}; e += BLOCK) {{"):
-                epi(f"js_ws[{base} + blockIdx.x * {v.size} + e] = s{v.id}[e];")
-            base += m.grid * v.size
-        epi("unsigned int js_gen = js_grid_generation();  // (no barrier opens before this block arrives)")
-        epi("js_grid_sync(js_gen);")
-        base = 0
-        for j, v in partial:
-            st = STYPE[v.dtype]
-            with epi.block(f"for (int e = blockIdx.x * BLOCK + tid; e < {v.size}; e += gridDim.x * BLOCK) {{"):
-                src = plan.sources[nc + j]
-                init = literal(src.value, "float32") if isinstance(src, ir.Const) else f"js_io<{st}>::get(in{src}[e])"
-                epi(f"float acc = {init};")
-                epi(f"for (int b = 0; b < {m.grid}; ++b) acc += __ldcg(&js_ws[{base} + b * {v.size} + e]);")
-                epi(f"out{j}[e] = js_io<{st}>::put(acc);")
-            base += m.grid * v.size
+    adv = _advance(plan, em)
+    epi = _epilogue(plan, em)
 
     step = "LENGTH - 1 - it" if plan.reverse else "it"
     step_next = "LENGTH - 2 - it" if plan.reverse else "it + 1"
@@ -347,6 +282,107 @@ def render(plan: S.ScanPlan):
         arrays=arrays.text(), prologue=pro.text(), step=step, step_next=step_next, prefetch=pre.text(),
         body=w.text(), stores=stores.text(), advance=adv.text(), epilogue=epi.text())
     return Source(code, KERNEL_NAME, tuple(params))
+
+
+def _shared_arrays(plan: S.ScanPlan, em: _Emitter) -> Writer:
+    """The kernel's pointers into dynamic shared memory, one per value the block stores."""
+    arrays = Writer(1)
+    stored = S.stored(dict(plan.kinds), plan.body, plan.in_place)
+    offsets, _ = S.shared_layout(stored, em.size)
+    for v in stored:
+        ct = CTYPE[v.dtype]
+        arrays(f"{ct}* s{v.id} = reinterpret_cast<{ct}*>(js_dyn + {offsets[v.id]});")
+    return arrays
+
+
+def _prologue(plan: S.ScanPlan, em: _Emitter) -> Writer:
+    """Before the first step: every body input's initial contents in shared memory (xs: the first step's)."""
+    xs_first = plan.num_consts + plan.num_carry
+    pro = Writer(1)
+    for k, v in enumerate(plan.body.inputs):
+        src = plan.sources[k]
+        if k >= xs_first:
+            _load_step(pro, em, plan, v, src, "t0", f"s{v.id}[e]")
+        elif em.kind(v).kind == S.PARTIAL or isinstance(src, ir.Const):
+            # a sum over rows starts at 0 here (its input joins it at the end); a literal fills
+            with pro.block(f"for (int e = tid; e < {em.size(v)}; e += BLOCK) {{"):
+                fill = "0.0f" if em.kind(v).kind == S.PARTIAL else literal(src.value, v.dtype)
+                pro(f"s{v.id}[e] = {fill};")
+        else:
+            _load_step(pro, em, plan, v, src, None, f"s{v.id}[e]")
+    first = f"{plan.mapping.length - 1}" if plan.reverse else "0"
+    pro.lines.insert(0, f"  const int t0 = {first};")
+    return pro
+
+
+def _prefetch(plan: S.ScanPlan, em: _Emitter) -> Writer:
+    """At the top of a step: the next step's per-step inputs into registers, read while this step runs."""
+    xs_first = plan.num_consts + plan.num_carry
+    pre = Writer(2)
+    for k, v in enumerate(plan.body.inputs[xs_first:], xs_first):
+        n = -(-em.size(v) // plan.mapping.block)
+        pre(f"{CTYPE[v.dtype]} pf{v.id}[{n}];")
+        with pre.block("if (it + 1 < LENGTH) {"):
+            with pre.block(f"for (int q = 0; q < {n}; ++q) {{"):
+                pre("const int e = tid + q * BLOCK;")
+                _load_step(pre, em, plan, v, plan.sources[k], "t_next", f"pf{v.id}[q]", loop=False)
+    return pre
+
+
+def _advance(plan: S.ScanPlan, em: _Emitter) -> Writer:
+    """After a step: the carries' new values into the carries' arrays, the prefetched inputs into theirs."""
+    adv = Writer(2)
+    for v, out in plan.carries:
+        if em.storage(out) == v.id:
+            continue
+        with adv.block(f"for (int e = tid; e < {em.size(v)}; e += BLOCK) {{"):
+            adv(f"s{v.id}[e] = {em.ref(out, 'e')};")
+    for v in plan.xs:
+        n = -(-em.size(v) // plan.mapping.block)
+        with adv.block("if (it + 1 < LENGTH) {"):
+            with adv.block(f"for (int q = 0; q < {n}; ++q) {{"):
+                adv("const int e = tid + q * BLOCK;")
+                adv(f"if (e < {em.size(v)}) s{v.id}[e] = pf{v.id}[q];")
+    return adv
+
+
+def _epilogue(plan: S.ScanPlan, em: _Emitter) -> Writer:
+    """After the last step: the final carries stored, the sums over rows combined across the blocks."""
+    region = plan.region
+    epi = Writer(1)
+    partial = []
+    for j, (v, _) in enumerate(plan.carries):
+        if em.kind(v).kind == S.PARTIAL:
+            partial.append((j, v))
+        else:
+            _store(epi, em, plan, v, region.outputs[j], j, None)
+    if partial:
+        _combine_partials(epi, plan, partial)
+    return epi
+
+
+def _combine_partials(epi: Writer, plan: S.ScanPlan, partial: list[tuple[int, ir.Value]]):
+    """Each block's share of the sums over rows through the workspace, then, past one grid barrier,
+    added up in block order (deterministic) onto the carries' initial values."""
+    m, nc = plan.mapping, plan.num_consts
+    epi("float* js_ws = reinterpret_cast<float*>(ws);")
+    base = 0
+    for j, v in partial:
+        with epi.block(f"for (int e = tid; e < {v.size}; e += BLOCK) {{"):
+            epi(f"js_ws[{base} + blockIdx.x * {v.size} + e] = s{v.id}[e];")
+        base += m.grid * v.size
+    epi("unsigned int js_gen = js_grid_generation();  // (no barrier opens before this block arrives)")
+    epi("js_grid_sync(js_gen);")
+    base = 0
+    for j, v in partial:
+        st = STYPE[v.dtype]
+        with epi.block(f"for (int e = blockIdx.x * BLOCK + tid; e < {v.size}; e += gridDim.x * BLOCK) {{"):
+            src = plan.sources[nc + j]
+            init = literal(src.value, "float32") if isinstance(src, ir.Const) else f"js_io<{st}>::get(in{src}[e])"
+            epi(f"float acc = {init};")
+            epi(f"for (int b = 0; b < {m.grid}; ++b) acc += __ldcg(&js_ws[{base} + b * {v.size} + e]);")
+            epi(f"out{j}[e] = js_io<{st}>::put(acc);")
+        base += m.grid * v.size
 
 
 def _load_step(w: Writer, em: _Emitter, plan: S.ScanPlan, v: ir.Value, k: int, step: str | None,

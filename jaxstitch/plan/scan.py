@@ -194,101 +194,147 @@ def _op_kind(op: ir.Op, ks: list[Kind], batch: int) -> Kind | list[Kind]:
     if PARTIAL in kinds and prim not in _LINEAR:
         raise Unplannable(f"a sum over rows read by {prim}")
     if prim in opdefs.ELEMENTWISE or prim in RENAMES:
-        if PARTIAL in kinds:
-            if prim == "mul" and sum(k.kind == PARTIAL for k in ks) == 1 and kinds <= {PARTIAL, SCALAR, UNIFORM}:
-                return Kind(PARTIAL)
-            if prim in ("add", "add_any", "sub") and kinds == {PARTIAL}:
-                return Kind(PARTIAL)
-            if prim in ("neg",) or prim in RENAMES:
-                return Kind(PARTIAL)
-            if prim == "convert_element_type" and out.dtype in ir.FLOAT_DTYPES:
-                return Kind(PARTIAL)
-            raise Unplannable(f"a sum over rows in {prim} with other values")
-        if prim in RENAMES:
-            k = ks[0]
-            if k.kind != BATCHED:
-                return k
-            shape = op.inputs[0].shape
-            before = math.prod(shape[:k.axis])
-            for d in range(len(out.shape)):
-                if out.shape[d] == batch and math.prod(out.shape[:d]) == before:
-                    return Kind(BATCHED, d)
-            raise Unplannable(f"{prim} {shape} -> {out.shape} merges the batch axis")
-        batched = [k for k in ks if k.kind == BATCHED]
-        if batched:
-            if len({k.axis for k in batched}) > 1:
-                raise Unplannable(f"{prim} of values batched along different axes")
-            axis = batched[0].axis
-            # (a whole value may join rows where lax broadcasts it along them: size 1 there)
-            if any(k.kind == UNIFORM and a.shape[axis] != 1 for a, k in zip(op.inputs, ks)):
-                raise Unplannable(f"{prim} of rows with a whole value")
-            return batched[0]
-        return Kind(UNIFORM) if UNIFORM in kinds else Kind(SCALAR)
+        return _elementwise_kind(op, ks, kinds, out, batch)
     if prim == "broadcast_in_dim":
-        k, src = ks[0], op.inputs[0]
-        if k.kind == SCALAR or (k.kind == UNIFORM and isinstance(src, ir.Value) and src.size == 1):
-            return Kind(SCALAR)
-        if k.kind == BATCHED:
-            return Kind(BATCHED, op.param("broadcast_dimensions")[k.axis])
-        return k
+        return _broadcast_kind(op, ks)
     if prim == "transpose":
-        k = ks[0]
-        if k.kind == SCALAR:
-            raise Unplannable("a transposed broadcast")
-        perm = op.param("permutation")
-        return Kind(BATCHED, perm.index(k.axis)) if k.kind == BATCHED else k
+        return _transpose_kind(op, ks)
     if prim in ("split", "slice"):
-        k = ks[0]
-        if k.kind == SCALAR:
-            raise Unplannable(f"{prim} of a broadcast")
-        if k.kind == BATCHED:
-            if prim == "split" and op.param("axis") == k.axis:
-                raise Unplannable("a split along the batch axis")
-            if prim == "slice":
-                start, limit = op.param("start_indices"), op.param("limit_indices")
-                strides = op.param("strides") or (1,) * len(start)
-                if (start[k.axis], limit[k.axis], strides[k.axis]) != (0, batch, 1):
-                    raise Unplannable("a slice of the batch axis")
-        return [k] * len(op.outputs)
+        return _split_or_slice_kind(op, ks, batch)
     if prim == "concatenate":
-        if SCALAR in kinds:
-            raise Unplannable("a concatenated broadcast")
-        if kinds == {UNIFORM}:
-            return Kind(UNIFORM)
-        if UNIFORM in kinds or len({k.axis for k in ks}) > 1 or ks[0].axis == op.param("dimension"):
-            raise Unplannable("a concatenate that mixes rows")
-        return ks[0]
+        return _concatenate_kind(op, ks, kinds)
     if prim == "dot_general":
-        lk, rk = ks
-        lc, rc = _dot_dims(op)
-        if SCALAR in kinds:
-            raise Unplannable("a dot_general of a broadcast")
-        lfree, rfree = _free(len(op.inputs[0].shape), lc), _free(len(op.inputs[1].shape), rc)
-        if lk.kind == BATCHED and rk.kind == BATCHED:
-            if lk.axis in lc and rk.axis == rc[lc.index(lk.axis)]:
-                return Kind(PARTIAL)
-            raise Unplannable("a dot_general of two batched values that is not a sum over rows")
-        if lk.kind == BATCHED:
-            if lk.axis in lc:
-                raise Unplannable("a dot_general contracting rows with a whole value")
-            return Kind(BATCHED, lfree.index(lk.axis))
-        if rk.kind == BATCHED:
-            if rk.axis in rc:
-                raise Unplannable("a dot_general contracting rows with a whole value")
-            return Kind(BATCHED, len(lfree) + rfree.index(rk.axis))
-        return Kind(UNIFORM)
+        return _dot_kind(op, ks, kinds)
     if prim in REDUCES:
-        k, axes = ks[0], tuple(op.param("axes"))
-        if k.kind == SCALAR:
-            raise Unplannable(f"{prim} of a broadcast")
-        if k.kind == BATCHED:
-            if k.axis in axes:
-                if prim != "reduce_sum":
-                    raise Unplannable(f"{prim} over rows")
-                return Kind(PARTIAL)
-            return Kind(BATCHED, k.axis - sum(a < k.axis for a in axes))
-        return k
+        return _reduce_kind(op, ks)
     raise Unplannable(f"{prim} in the scan body")
+
+
+def _elementwise_kind(op: ir.Op, ks: list[Kind], kinds: set[str], out: ir.Value, batch: int) -> Kind:
+    """_op_kind of an elementwise op or a rename: its rows are its operands' rows."""
+    prim = op.prim
+    if PARTIAL in kinds:
+        return _partial_elementwise_kind(prim, ks, kinds, out)
+    if prim in RENAMES:
+        return _rename_kind(op, ks[0], out, batch)
+    batched = [k for k in ks if k.kind == BATCHED]
+    if batched:
+        if len({k.axis for k in batched}) > 1:
+            raise Unplannable(f"{prim} of values batched along different axes")
+        axis = batched[0].axis
+        # (a whole value may join rows where lax broadcasts it along them: size 1 there)
+        if any(k.kind == UNIFORM and a.shape[axis] != 1 for a, k in zip(op.inputs, ks)):
+            raise Unplannable(f"{prim} of rows with a whole value")
+        return batched[0]
+    return Kind(UNIFORM) if UNIFORM in kinds else Kind(SCALAR)
+
+
+def _partial_elementwise_kind(prim: str, ks: list[Kind], kinds: set[str], out: ir.Value) -> Kind:
+    """An elementwise op reading a sum over rows: only linear uses keep it a (partial) sum."""
+    if prim == "mul" and sum(k.kind == PARTIAL for k in ks) == 1 and kinds <= {PARTIAL, SCALAR, UNIFORM}:
+        return Kind(PARTIAL)
+    if prim in ("add", "add_any", "sub") and kinds == {PARTIAL}:
+        return Kind(PARTIAL)
+    if prim in ("neg",) or prim in RENAMES:
+        return Kind(PARTIAL)
+    if prim == "convert_element_type" and out.dtype in ir.FLOAT_DTYPES:
+        return Kind(PARTIAL)
+    raise Unplannable(f"a sum over rows in {prim} with other values")
+
+
+def _rename_kind(op: ir.Op, k: Kind, out: ir.Value, batch: int) -> Kind:
+    """A rename keeps the batch axis only where it stays a whole axis of its own (same elements before it)."""
+    if k.kind != BATCHED:
+        return k
+    shape = op.inputs[0].shape
+    before = math.prod(shape[:k.axis])
+    for d in range(len(out.shape)):
+        if out.shape[d] == batch and math.prod(out.shape[:d]) == before:
+            return Kind(BATCHED, d)
+    raise Unplannable(f"{op.prim} {shape} -> {out.shape} merges the batch axis")
+
+
+def _broadcast_kind(op: ir.Op, ks: list[Kind]) -> Kind:
+    """A broadcast moves the batch axis to where broadcast_dimensions puts it; of one value, a scalar."""
+    k, src = ks[0], op.inputs[0]
+    if k.kind == SCALAR or (k.kind == UNIFORM and isinstance(src, ir.Value) and src.size == 1):
+        return Kind(SCALAR)
+    if k.kind == BATCHED:
+        return Kind(BATCHED, op.param("broadcast_dimensions")[k.axis])
+    return k
+
+
+def _transpose_kind(op: ir.Op, ks: list[Kind]) -> Kind:
+    """A transpose moves the batch axis with its permutation."""
+    k = ks[0]
+    if k.kind == SCALAR:
+        raise Unplannable("a transposed broadcast")
+    perm = op.param("permutation")
+    return Kind(BATCHED, perm.index(k.axis)) if k.kind == BATCHED else k
+
+
+def _split_or_slice_kind(op: ir.Op, ks: list[Kind], batch: int) -> list[Kind]:
+    """A split or slice keeps its operand's kind, unless it cuts the batch axis (rows would move between blocks)."""
+    prim, k = op.prim, ks[0]
+    if k.kind == SCALAR:
+        raise Unplannable(f"{prim} of a broadcast")
+    if k.kind == BATCHED:
+        if prim == "split" and op.param("axis") == k.axis:
+            raise Unplannable("a split along the batch axis")
+        if prim == "slice":
+            start, limit = op.param("start_indices"), op.param("limit_indices")
+            strides = op.param("strides") or (1,) * len(start)
+            if (start[k.axis], limit[k.axis], strides[k.axis]) != (0, batch, 1):
+                raise Unplannable("a slice of the batch axis")
+    return [k] * len(op.outputs)
+
+
+def _concatenate_kind(op: ir.Op, ks: list[Kind], kinds: set[str]) -> Kind:
+    """A concatenate keeps rows apart only joining values batched alike, along another axis."""
+    if SCALAR in kinds:
+        raise Unplannable("a concatenated broadcast")
+    if kinds == {UNIFORM}:
+        return Kind(UNIFORM)
+    if UNIFORM in kinds or len({k.axis for k in ks}) > 1 or ks[0].axis == op.param("dimension"):
+        raise Unplannable("a concatenate that mixes rows")
+    return ks[0]
+
+
+def _dot_kind(op: ir.Op, ks: list[Kind], kinds: set[str]) -> Kind:
+    """A product of rows with a whole value stays batched; of rows with rows over the batch axis, a sum over rows."""
+    lk, rk = ks
+    lc, rc = _dot_dims(op)
+    if SCALAR in kinds:
+        raise Unplannable("a dot_general of a broadcast")
+    lfree, rfree = _free(len(op.inputs[0].shape), lc), _free(len(op.inputs[1].shape), rc)
+    if lk.kind == BATCHED and rk.kind == BATCHED:
+        if lk.axis in lc and rk.axis == rc[lc.index(lk.axis)]:
+            return Kind(PARTIAL)
+        raise Unplannable("a dot_general of two batched values that is not a sum over rows")
+    if lk.kind == BATCHED:
+        if lk.axis in lc:
+            raise Unplannable("a dot_general contracting rows with a whole value")
+        return Kind(BATCHED, lfree.index(lk.axis))
+    if rk.kind == BATCHED:
+        if rk.axis in rc:
+            raise Unplannable("a dot_general contracting rows with a whole value")
+        return Kind(BATCHED, len(lfree) + rfree.index(rk.axis))
+    return Kind(UNIFORM)
+
+
+def _reduce_kind(op: ir.Op, ks: list[Kind]) -> Kind:
+    """A reduction over other axes keeps rows apart; a sum over the batch axis is a sum over rows."""
+    prim = op.prim
+    k, axes = ks[0], tuple(op.param("axes"))
+    if k.kind == SCALAR:
+        raise Unplannable(f"{prim} of a broadcast")
+    if k.kind == BATCHED:
+        if k.axis in axes:
+            if prim != "reduce_sum":
+                raise Unplannable(f"{prim} over rows")
+            return Kind(PARTIAL)
+        return Kind(BATCHED, k.axis - sum(a < k.axis for a in axes))
+    return k
 
 
 def _kinds(body: ir.Graph, inputs: list[Kind], batch: int, carries=frozenset()) -> dict[int, Kind]:
