@@ -36,7 +36,7 @@ class Calibration:
 # Measured on an H100 (SXM, 132 SMs; each number's measurement is beside its use in plan/cost.py and
 # plan/scan.py): the gathering kernels' float32 forward, the dropout kernels' slower dtype on each
 # side, the exact GELU before a layernorm, and DIEN's GRU forward and backward.
-GH100 = Calibration(
+H100_RATES = Calibration(
     gather_ops_per_sm_us=7.4e6 / 132,
     our_int_ops_per_sm_us=120 * 16384 * 4096 / 359.6 / 132,
     xla_int_ops_per_sm_us=120 * 16384 * 4096 / 425.9 / 132,
@@ -50,17 +50,18 @@ GH100 = Calibration(
 # and 477.0 us where the layernorm alone takes 142.1 and 78.1 (0.93 and 0.78 ns an element an SM;
 # ours 170.5 and 104.2). The gathering kernel and the scans keep the H100's rates: the same SMs, and
 # the gathering forward and backward ran 7% faster on an H200 (341.9 us against 367.6).
-GH200 = dataclasses.replace(
-    GH100, our_int_ops_per_sm_us=120 * 16384 * 4096 / 350.0 / 132,
+H200_RATES = dataclasses.replace(
+    H100_RATES, our_int_ops_per_sm_us=120 * 16384 * 4096 / 350.0 / 132,
     xla_int_ops_per_sm_us=120 * 16384 * 4096 / 450.4 / 132,
     xla_triton_slow_ns=(("erfc", (477.0 - 78.1) * 1e3 * 132 / (32768 * 2048)),),
     source="measured on an H200 (random bits, XLA's erfc); the H100's gathering and scan rates (the "
            "same SMs)")
 
-# An A100's SM (sm_80) issues the same integer, float and load instructions a clock as Hopper's for
-# these kernels, at a 1410 MHz boost clock against the H100's 1980. No A100 was at hand to measure.
-GA100 = GH100.scaled(1410 / 1980, source="derived from the H100's by the boost clocks (1410/1980 "
-                                        "MHz); not measured on an A100")
+# An A100 was not at hand to measure: its rates are the H100's scaled by the boost clocks (1410 MHz
+# against 1980). Its SM has as many 32-bit integer lanes as Hopper's, so the random bits' rates
+# scale so; it has half the float32 lanes, so the gathering rate, where float ops count, may be high.
+A100_RATES = H100_RATES.scaled(1410 / 1980, source="derived from the H100's by the boost clocks "
+                                                   "(1410/1980 MHz); not measured on an A100")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,7 @@ class Target:
     bandwidth_gbs: float      # achievable read+write HBM bandwidth of a plain elementwise kernel
     launch_us: float          # one kernel inside an XLA command buffer
     grid_sync_us: float       # one grid-wide barrier
-    calibration: Calibration = GH100
+    calibration: Calibration = H100_RATES
 
     def blocks_by_registers(self, block: int, registers: int) -> int:
         """Blocks of `block` threads an SM's register file holds at `registers` a thread (allocated
@@ -93,9 +94,9 @@ class Target:
 
 # Bandwidths are what a plain elementwise kernel reached on our machines (DESIGN.md), not datasheets.
 TARGETS = {
-    "h100": Target("h100", "sm_90", 132, 2048, 65536, 48 * 1024, 227 * 1024, 228 * 1024, 3000.0, 2.7, 2.5, GH100),
-    "h200": Target("h200", "sm_90", 132, 2048, 65536, 48 * 1024, 227 * 1024, 228 * 1024, 4000.0, 2.7, 2.5, GH200),
-    "a100": Target("a100", "sm_80", 108, 2048, 65536, 48 * 1024, 163 * 1024, 164 * 1024, 1700.0, 3.0, 3.0, GA100),
+    "h100": Target("h100", "sm_90", 132, 2048, 65536, 48 * 1024, 227 * 1024, 228 * 1024, 3000.0, 2.7, 2.5, H100_RATES),
+    "h200": Target("h200", "sm_90", 132, 2048, 65536, 48 * 1024, 227 * 1024, 228 * 1024, 4000.0, 2.7, 2.5, H200_RATES),
+    "a100": Target("a100", "sm_80", 108, 2048, 65536, 48 * 1024, 163 * 1024, 164 * 1024, 1700.0, 3.0, 3.0, A100_RATES),
 }
 
 
