@@ -500,11 +500,14 @@ def test_workload_plans(name, dtype, target):
     if name in ONE_KERNEL:
         assert report.stitched_kernels == 1, text
     if name == "bias_gelu_dropout":
+        # At a million elements XLA's one kernel keeps it on an H100 and an A100 (too little of the
+        # gain is left after the launch). An H200's XLA draws the random bits slower (measured
+        # there: 450 against 296 us at 16384 x 4096 in bfloat16), and the estimate stitches it.
         ew = [r for r in report.regions if {"erf", "erfc"} & set(r.ops)]
         assert ew, text
         for r in ew:
-            assert not r.stitched, text
-            assert r.reason and r.reason.strip(), text
+            assert r.stitched == (target == "h200"), text
+            assert r.stitched or (r.reason and r.reason.strip()), text
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
