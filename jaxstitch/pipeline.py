@@ -318,10 +318,11 @@ def _plans_as_one_kernel(region, target: Target) -> bool:
     the row's mapping decides too (no column partials over rows walked in chunks), so such a region
     is planned in full (a cross-entropy's backward meeting its bias gradient over a vocabulary)."""
     try:
-        place(views.sink(region))
-        if any(opdefs.is_grid_reduction(op) for op in region.ops):
-            return plan_region(region, target).kernel is not None
-        return True
+        if not views.never_placed(region):
+            place(views.sink(region))
+            if any(opdefs.is_grid_reduction(op) for op in region.ops):
+                return plan_region(region, target).kernel is not None
+            return True
     except Unplannable:
         pass
     try:

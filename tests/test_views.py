@@ -489,3 +489,41 @@ def test_tables_from_positions_are_computed_apart(name):
     assert [(r.rows, r.cols) for r in report.regions if expensive <= set(r.ops)] == [(64, 8)], report
     rows = [r for r in report.regions if (r.rows or 0) * (r.cols or 0) == 4 * 64 * 8 * 16]
     assert rows and not any(expensive & set(r.ops) for r in rows), report
+
+
+def sliced_weight_updates(g, w1, w2, w3, m1, m2, m3):
+    """An optimizer step over three parameters whose gradients come as slices of one concatenated
+    gradient (a fused QKV projection's)."""
+    parts = [g[:, :8], g[:, 8:16], g[:, 16:]]
+    out = []
+    for p, w, m in zip(parts, (w1, w2, w3), (m1, m2, m3)):
+        m = 0.9 * m + 0.1 * p
+        out += [w - 1e-3 * m / (jnp.sqrt(m * m) + 1e-8), m]
+    return out
+
+
+UNIONS = {**CASES, "sliced_weight_updates": (sliced_weight_updates, (
+    f32(8, 40), f32(8, 8), f32(8, 8), f32(8, 24), f32(8, 8), f32(8, 8), f32(8, 24))),
+    "rows_of_either": (lambda x, w: (x * 2.0, w * 3.0), (f32(4, 8), f32(8, 4)))}  # (neither splits the other's rows)
+
+
+@pytest.mark.parametrize("name", sorted(UNIONS))
+def test_never_placed_is_a_sound_no(name):
+    """Of every region and every union of two regions, those never_placed refuses fail to place
+    once sunk (partitioning then skips sinking them)."""
+    fun, specs = UNIONS[name]
+    flat, tree = jax.tree_util.tree_flatten((tuple(specs), {}))
+    graph = trace_mod.trace(fun, flat, tree).graph
+    part = partition_mod.partition(graph, fits=lambda r: pipeline._fits_one_kernel(r, jaxstitch.TARGETS["h100"]))
+    consumers = partition_mod._consumers(graph)
+    refused = 0
+    for i, a in enumerate(part.regions):
+        for b in part.regions[i:]:
+            ops = sorted({op.index: op for op in (*a.ops, *b.ops)}.values(), key=lambda op: op.index)
+            union = partition_mod._make_region(-1, ops, consumers)
+            if views.never_placed(union):
+                refused += 1
+                with pytest.raises(Unplannable):
+                    place(views.sink(union))
+    if name in ("sliced_weight_updates", "rows_of_either"):
+        assert refused

@@ -471,6 +471,38 @@ def sink(region: Region) -> Region:
     return _Sinker(region, spread).run()
 
 
+def never_placed(region: Region) -> bool:
+    """A quick, sound no for `place(sink(region))`, which partitioning asks of thousands of merged
+    regions (GPT's step: 1087 merges across views tried, 1037 refused, most of them optimizer
+    updates of differently shaped parameters joined through a concatenated weight's slices: its
+    partition took 8.7-8.9 s on the CPU machine, 4.6-6.4 s with this). Without reductions or scans a row space is the largest
+    value's (layout.row_space), and sinking keeps the region's outputs and makes no value of a shape
+    the region did not have but scalars. So where no shape at least as large as every output gives
+    a row space that declares all the outputs (each a row, a column, a scalar or the whole, and a
+    whole one computed elementwise splits into its rows), placing fails."""
+    if any(op.prim in opdefs.REDUCTIONS or op.prim in opdefs.SCANS for op in region.ops):
+        return False
+    sizes = {v.size for v in region.outputs}
+    floor = max(sizes, default=0)
+    shapes = {v.shape or (1,) for v in (*region.inputs, *(o for op in region.ops for o in op.outputs))
+              if v.size >= floor} | ({(1,)} if floor <= 1 else set())  # (sinking's new scalars)
+    producer = {o.id: op.prim for op in region.ops for o in op.outputs}
+    # (placing reads these as rows x columns: elementwise ops, and views sunk into copies)
+    split = [v.shape for v in region.outputs
+             if producer.get(v.id) in opdefs.ELEMENTWISE | opdefs.VIEWS | {"broadcast_in_dim"}]
+
+    def declares_all(shape) -> bool:
+        n, c = math.prod(shape[:-1]), shape[-1]
+        return (all(s in (1, n, c, n * c) for s in sizes)
+                and all(_splits(s, n) for s in split if math.prod(s) == n * c))
+    return bool(shapes) and not any(declares_all(shape) for shape in shapes)
+
+
+def _splits(shape: tuple[int, ...], n_rows: int) -> bool:
+    """Whether leading axes of `shape` span `n_rows` rows (layout.row_axes does not raise)."""
+    return any(math.prod(shape[:j]) == n_rows for j in range(len(shape) + 1))
+
+
 def _spread_inputs(region: Region) -> frozenset[int]:
     """Inputs that are neither a scalar, a row, a column nor the whole of the row space, and that
     ops broadcast (a (1, 1, q, k) dropout mask of (b, h, q, k) attention weights: it repeats every q
