@@ -226,7 +226,8 @@ def _adopt_chains(r: Region, producer: dict, hidden: set[ir.Value], sole: set[ir
                 _unrounds(chain) and extra <= MAX_UNROUNDED_SHARE * _largest_bytes(r)):
             continue
         if fits(candidate):
-            leaves = [a for a in candidate.inputs if leaf_chains and a not in r.inputs and a in hidden
+            before = set(r.inputs)
+            leaves = [a for a in candidate.inputs if leaf_chains and a not in before and a in hidden
                       and a not in seen]
             r = candidate
             seen.update(leaves)
