@@ -1,6 +1,7 @@
 """The program guard (jaxstitch/guard.py) on the CPU: what it measures, what it keeps, and where it
 stays out of the way. Planned for an H200, the stitched regions run through XLA here, so the two
 programs' speeds are XLA's both; `_timed_call` is replaced where a test needs one to lose."""
+import gc
 import os
 
 import jax
@@ -206,7 +207,7 @@ def test_timed_calls_run_with_the_garbage_collector_paused(monkeypatch):
     collecting = []
 
     def timed_call(fn, args, kwargs, which):
-        collecting.append(__import__("gc").isenabled())
+        collecting.append(gc.isenabled())
         jax.block_until_ready(fn(*args, **kwargs))
         return 1.0
 
@@ -214,7 +215,7 @@ def test_timed_calls_run_with_the_garbage_collector_paused(monkeypatch):
     with force_stitching():
         f = jaxstitch.jit(softmax_times, target="h200", guard=True)
         f(*_inputs())
-    assert collecting and not any(collecting) and __import__("gc").isenabled()
+    assert collecting and not any(collecting) and gc.isenabled()
 
 
 @pytest.mark.parametrize("committed", [False, True])
