@@ -10,6 +10,7 @@ from .kernels.cache import Stats
 from .ops import REDUCTIONS, SCANS
 from .pipeline import Program
 from .progress import counted
+from . import trace as trace_mod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,7 @@ class RegionReport:
     alternatives: tuple[str, ...] = ()  # mappings compiled first, and why each lost
     where: str = ""                   # the control-flow body holding the region ("" at top level)
     variants: tuple[str, ...] = ()    # a family's kernels for fewer rows: "below N rows: mapping" (or XLA's)
+    source: str = ""                  # the user's line that made the op the reason names, where it names one
 
     @property
     def name(self) -> str:
@@ -157,6 +159,8 @@ def _table(regions) -> list[str]:
             lines += _wrapped("mapping: " + "; ".join([r.mapping or "-", *r.variants]), "    ", "        ")
         if r.reason:
             lines += _wrapped("reason: " + r.reason, "    ", "        ")
+            if r.source:
+                lines += _wrapped("at: " + r.source, "    ", "        ")
         for alt in r.alternatives:
             lines += _wrapped("tried: " + alt, "    ", "        ")
     return lines
@@ -204,6 +208,15 @@ _WRITTEN_OUT = {"random_bits": "threefry's integer ops: prng.py",
                                                                   "XLA computes it: predicate_products.py"}
 
 
+def _source(program: Program, where: str, c) -> str:
+    """The user's line behind the op a region's reason names (top-level regions, whose ops index the
+    program's own trace), or ""."""
+    index = c.plan.reason_op
+    if where or index is None or c.reason != c.plan.reason or index >= len(program.traced.eqns):
+        return ""
+    return trace_mod.source_line(program.traced.eqns[index])
+
+
 def make_report(program: Program, cache: Stats | None = None, symbolic: bool = False,
                 seconds: float | None = None) -> Report:
     regions = []
@@ -221,7 +234,8 @@ def make_report(program: Program, cache: Stats | None = None, symbolic: bool = F
             reason=c.reason, cache_key=c.key, smem_bytes=m.smem_bytes if m else None,
             registers=c.registers, alternatives=c.tried + _passed_over(k), where=where,
             variants=(((f"below {c.xla_below} rows: XLA's kernels",) if c.xla_below else ())
-                      + tuple(f"below {n} rows: {v.plan.kernel.description}" for n, v in c.variants))))
+                      + tuple(f"below {n} rows: {v.plan.kernel.description}" for n, v in c.variants)),
+            source=_source(program, where, c)))
     seen, rewritten = {}, {}  # (primitive, why) -> equations
     for p in _programs(program):
         ops = p.traced.graph.ops

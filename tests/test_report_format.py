@@ -151,3 +151,27 @@ def test_a_transpose_only_products_read_is_counted_as_no_kernel():
     assert t.kernels == 0 and not t.stitched and "XLA folds it" in t.reason
     kept = jaxstitch.explain(lambda x, w: (x @ w.T, w.T + 1.0), x, w, target="h200")
     assert all(r.kernels >= 1 for r in kept.regions if "transpose" in r.ops)
+
+
+def _sum_over_outer_axes(x):
+    y = jnp.exp(x) * 2.0
+    return jnp.sum(y, axis=(0, 2)) + 1.0  # (a reduction over the first and last axes: no row space)
+
+
+def test_a_reason_naming_an_op_shows_the_users_line():
+    report = jaxstitch.explain(_sum_over_outer_axes, jax.ShapeDtypeStruct((64, 48, 320), jnp.float32), target="h200")
+    (left,) = [r for r in report.regions if r.reason and "over axes (0, 2)" in r.reason]
+    assert left.source.startswith(f"{__file__}:") and "(_sum_over_outer_axes)" in left.source
+    assert f"at: {left.source}" in str(report)
+    # a reason that names no op (the cost model's) shows no line
+    assert all(not r.source for r in report.regions if r.reason and r.reason.startswith("XLA already"))
+
+
+def _softmax_of_transpose(x):
+    return jax.nn.softmax(x.T * 2, -1)  # (a transpose of the minor axis: no tiles for it in a row space)
+
+
+def test_a_reason_met_while_sinking_a_view_names_the_op_being_sunk():
+    report = jaxstitch.explain(_softmax_of_transpose, jax.ShapeDtypeStruct((640, 480), jnp.float32), target="h200")
+    (left,) = [r for r in report.regions if r.reason and "walks its minor axis" in r.reason]
+    assert "(_softmax_of_transpose)" in left.source

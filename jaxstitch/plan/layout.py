@@ -23,7 +23,14 @@ EPILOGUE = -1  # level of values that exist only after the grid-wide reduction
 
 
 class Unplannable(Exception):
-    """The region cannot be expressed in one row-space kernel; the message is the reason shown."""
+    """The region cannot be planned as one kernel: `detail` is the reason shown, and `op_index` the
+    traced equation it is about, where it names one (the report shows that equation's line in the
+    user's source)."""
+
+    def __init__(self, detail: str, *, op: ir.Op | None = None):
+        super().__init__(detail)
+        self.detail = detail
+        self.op_index = op.index if op is not None and op.index >= 0 else None
 
 
 def join(kinds) -> str:
@@ -109,23 +116,25 @@ def row_axes(shape, n_rows) -> int:
     raise Unplannable(f"shape {shape} does not split into {n_rows} rows")
 
 
-def _declared(v: ir.Value, n: int, c: int, hint: str | None = None, constant: bool = False) -> str:
+def _declared(v: ir.Value, n: int, c: int, hint: str | None = None, constant: bool = False,
+              op: ir.Op | None = None) -> str:
     """The kind `v`'s shape spans; a constant (scalar storage) may take either reading of N == C."""
     size = v.size
     options = [k for k, s in ((SCALAR, 1), (FULL, n * c), (ROW, n), (COL, c)) if s == size]
     if not options:
-        raise Unplannable(f"value of shape {v.shape} is neither a row, a column, a scalar nor the full {n}x{c}")
+        raise Unplannable(f"value of shape {v.shape} is neither a row, a column, a scalar nor the full {n}x{c}",
+                          op=op)
     if len(options) == 1:
         return options[0]
     if hint in options:
         return hint
     if constant:
         return options[-1]
-    return options[0] if options[0] in (SCALAR, FULL) else _ambiguous(v, options)
+    return options[0] if options[0] in (SCALAR, FULL) else _ambiguous(v, options, op)
 
 
-def _ambiguous(v, options):
-    raise Unplannable(f"shape {v.shape} is ambiguous between {' and '.join(options)}")
+def _ambiguous(v, options, op: ir.Op | None):
+    raise Unplannable(f"shape {v.shape} is ambiguous between {' and '.join(options)}", op=op)
 
 
 def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
@@ -151,39 +160,39 @@ def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
         epi = bool(vals) and all(p.level == EPILOGUE for p in vals)
         # (partition keeps these apart; a merge across data-moving ops could bring them together)
         if not epi and any(p.level == EPILOGUE for p in vals):
-            raise Unplannable(f"{op.prim} reads a grid-reduced value beside row work")
+            raise Unplannable(f"{op.prim} reads a grid-reduced value beside row work", op=op)
         level = EPILOGUE if epi else max((p.level for p in vals), default=0)
         out = op.outputs[0]
         if op.prim in opdefs.ELEMENTWISE:
             hint = vals[0].declared if vals else None
             storage = join(p.storage for p in vals)
-            decl = _declared(out, n, c, hints.get(out.id, hint), constant=storage == SCALAR)
+            decl = _declared(out, n, c, hints.get(out.id, hint), constant=storage == SCALAR, op=op)
             if decl == FULL:  # (lax broadcasts size-1 dimensions of same-rank operands)
                 for a, p in zip(op.inputs, ins):
                     if p is not None and p.declared in (ROW, COL) and len(a.shape) == len(out.shape):
-                        _check_spread(p, [i for i, d in enumerate(a.shape) if d != 1], out, n)
+                        _check_spread(p, [i for i, d in enumerate(a.shape) if d != 1], out, n, op)
             placed[out.id] = Placed(out, decl, storage, level)
         elif opdefs.is_layout(op) and not vals:  # a broadcast literal
-            placed[out.id] = Placed(out, _declared(out, n, c, constant=True), SCALAR, 0)
+            placed[out.id] = Placed(out, _declared(out, n, c, constant=True, op=op), SCALAR, 0)
         elif opdefs.is_layout(op):
             src = vals[0]
-            decl = _declared(out, n, c, hints.get(out.id, src.declared if out.size == src.value.size else None))
+            decl = _declared(out, n, c, hints.get(out.id, src.declared if out.size == src.value.size else None), op=op)
             if op.prim == "broadcast_in_dim" and src.storage in (ROW, COL) and decl == FULL:
                 _check_broadcast(op, src, n)
             placed[out.id] = Placed(out, decl, src.storage, level)
         elif op.prim == "iota":
             placed[out.id] = _place_iota(op, n, c)
         elif op.prim == PAIR_HALF:  # whether a column is in the second half of its pair group
-            placed[out.id] = Placed(out, _declared(out, n, c, COL), COL, 0)
+            placed[out.id] = Placed(out, _declared(out, n, c, COL, op=op), COL, 0)
         elif op.prim == PAIR_SWAP:  # an array's partner columns, held by the same thread
             src = vals[0]
-            placed[out.id] = Placed(out, _declared(out, n, c, src.declared), src.storage, src.level)
+            placed[out.id] = Placed(out, _declared(out, n, c, src.declared, op=op), src.storage, src.level)
         elif op.prim == GATHER:  # a load at computed indices: its kind is its shape's
-            decl = _declared(out, n, c, hints.get(out.id))
+            decl = _declared(out, n, c, hints.get(out.id), op=op)
             placed[out.id] = Placed(out, decl, decl, max((p.level for p in vals[1:]), default=0))
         elif op.prim in opdefs.SCANS:  # each element from its row's elements before it: full
             if level == EPILOGUE or out.size != n * c:
-                raise Unplannable(f"{op.prim} of a value that is not the full {n}x{c} rows")
+                raise Unplannable(f"{op.prim} of a value that is not the full {n}x{c} rows", op=op)
             placed[out.id] = Placed(out, FULL, FULL, level)
         elif op.prim in opdefs.REDUCTIONS:
             operands = [get(a) for a in opdefs.reduced_operands(op) if isinstance(a, ir.Value)]
@@ -192,9 +201,9 @@ def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
             if out.id in online_sums:
                 placed[out.id] = dataclasses.replace(placed[out.id], level=ins[0].level)
         else:
-            raise Unplannable(f"{op.prim} has no placement rule")
+            raise Unplannable(f"{op.prim} has no placement rule", op=op)
         if any(o.size != out.size for o in op.outputs[1:]):
-            raise Unplannable(f"{op.prim} has outputs of different sizes")
+            raise Unplannable(f"{op.prim} has outputs of different sizes", op=op)
     for v in region.outputs:
         p = placed[v.id]
         if p.level != EPILOGUE and p.declared == COL and p.storage == FULL:
@@ -234,24 +243,24 @@ def _input_hints(region: Region, n: int, c: int) -> dict[int, str]:
 
 def _check_broadcast(op: ir.Op, src: Placed, n: int):
     dims = [d for i, d in enumerate(op.param("broadcast_dimensions")) if src.value.shape[i] != 1]
-    _check_spread(src, dims, op.outputs[0], n)
+    _check_spread(src, dims, op.outputs[0], n, op)
 
 
-def _check_spread(src: Placed, dims, out: ir.Value, n: int):
+def _check_spread(src: Placed, dims, out: ir.Value, n: int, op: ir.Op):
     """A row value must vary only along the row axes of the full value it spreads over (`dims`, the
     output axes its non-unit axes land on), a column value only along the column axes: a value the
     size of the rows that varies along both (a (1, 1, S, S) dropout mask over (B, H, S, S) when
     B*H*S == S*S, say) is neither."""
     j = row_axes(out.shape, n)
     if src.declared == ROW and not all(d < j for d in dims):
-        raise Unplannable(f"broadcast of a row value {src.value.shape} into columns {out.shape}")
+        raise Unplannable(f"broadcast of a row value {src.value.shape} into columns {out.shape}", op=op)
     if src.declared == COL and not all(d >= j for d in dims):
-        raise Unplannable(f"broadcast of a column value {src.value.shape} into rows {out.shape}")
+        raise Unplannable(f"broadcast of a column value {src.value.shape} into rows {out.shape}", op=op)
 
 
 def _place_iota(op: ir.Op, n: int, c: int) -> Placed:
     out = op.outputs[0]
-    decl = _declared(out, n, c, COL)
+    decl = _declared(out, n, c, COL, op=op)
     shape, dim = out.shape, op.param("dimension")
     if decl == FULL:
         j = row_axes(shape, n)
@@ -271,15 +280,15 @@ def _place_reduction(op: ir.Op, out: ir.Value, operands: list[Placed], n: int, c
     if kind == "row":
         for p in operands:
             if p.declared != FULL:
-                raise Unplannable(f"{op.prim} reduces a {p.declared} value over part of it")
-        return Placed(out, _declared(out, n, c, ROW), ROW, src.level + 1)
+                raise Unplannable(f"{op.prim} reduces a {p.declared} value over part of it", op=op)
+        return Placed(out, _declared(out, n, c, ROW, op=op), ROW, src.level + 1)
     if kind == "grid":
         if src.level == EPILOGUE:
-            raise Unplannable("a grid-wide reduction of a value that is itself grid-reduced")
+            raise Unplannable("a grid-wide reduction of a value that is itself grid-reduced", op=op)
         if src.declared == COL:
-            raise Unplannable("a reduction of a column value")
-        decl = _declared(out, n, c, COL if out.size == c and src.declared == FULL else SCALAR)
+            raise Unplannable("a reduction of a column value", op=op)
+        decl = _declared(out, n, c, COL if out.size == c and src.declared == FULL else SCALAR, op=op)
         if decl == ROW:
-            raise Unplannable(f"{op.prim} over the leading axes of a row value")
+            raise Unplannable(f"{op.prim} over the leading axes of a row value", op=op)
         return Placed(out, decl, decl, EPILOGUE)
-    raise Unplannable(f"{op.prim} over axes {op.param('axes')}")
+    raise Unplannable(f"{op.prim} over axes {op.param('axes')}", op=op)

@@ -94,6 +94,7 @@ class RegionPlan:
     kernel: KernelPlan | tile.TilePlan | None
     estimate: cost.Estimate | None
     reason: str | None
+    reason_op: int | None = None  # the traced equation the reason names, where it names one
 
     @property
     def stitched(self) -> bool:
@@ -169,12 +170,12 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     try:
         region = views.sink(region)
     except Unplannable as e:  # (a transpose of a tile's two axes: through shared memory, plan/tile.py)
-        return _plan_tile(original, target, tuning, relaxed, str(e))
+        return _plan_tile(original, target, tuning, relaxed, e)
     online = find_online_sums(region.ops) if tuning.online else ()
     try:
         layout = place(region, sum_ids(online))
     except Unplannable as e:
-        return _plan_tile(original, target, tuning, relaxed, str(e))
+        return _plan_tile(original, target, tuning, relaxed, e)
     sunk = region
     region, online, layout, shifts, passes = _fewer_passes(region, online, layout, tuning)
     try:
@@ -228,7 +229,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                             tuning.col_group or column_group(layout.n_cols, mp.grid_cap),
                             _staged_prefixes(region, layout, mp, tuning))
     except Unplannable as e:
-        return RegionPlan(original, None, None, str(e))
+        return RegionPlan(original, None, None, str(e), e.op_index)
     busy_sms = min(target.sm_count, mp.grid)
     est = _estimate(kernel, original, target)
     gain = min_gain(tuning)
@@ -427,13 +428,14 @@ def _decline_reason(region: Region, est: cost.Estimate, min_gain: float, idle: s
 
 
 def _plan_tile(region: Region, target: Target, tuning: mapping_mod.Tuning, relaxed: bool,
-               row_reason: str) -> RegionPlan:
-    """A region rows cannot hold, planned as a batch of small tiles (plan/tile.py)."""
+               row_error: Unplannable) -> RegionPlan:
+    """A region rows cannot hold (`row_error` says why), planned as a batch of small tiles
+    (plan/tile.py)."""
     try:
         kernel = tile.plan_tile(region, target, tuning, bool(tuning.fast_exp) and fast_exp(region))
     except Unplannable as e:
-        why = row_reason if isinstance(e, tile.NotATile) else f"{row_reason}; as a batch of tiles: {e}"
-        return RegionPlan(region, None, None, why)
+        why = str(row_error) if isinstance(e, tile.NotATile) else f"{row_error}; as a batch of tiles: {e}"
+        return RegionPlan(region, None, None, why, row_error.op_index)
     if relaxed:
         kernel = dataclasses.replace(kernel, mapping=dataclasses.replace(kernel.mapping, min_blocks=1))
     est = tile.estimate(kernel, target)

@@ -258,20 +258,30 @@ class _Sinker:
 
     def run(self) -> Region:
         for op in self.region.ops:
-            if op.prim in opdefs.VIEWS:
-                for o in op.outputs:
-                    self.rep[o.id] = self.build(o, Affine.identity(o.shape))
-                continue
-            if op.prim == "broadcast_in_dim" and self._spread(op.inputs[0]):
-                self.rep[op.outputs[0].id] = self.build(op.inputs[0], _layout_step(op))
-                continue
-            inputs = tuple(self._read(a, op) for a in op.inputs)
-            self.ops.append(op if inputs == op.inputs else dataclasses.replace(op, inputs=inputs))
+            try:
+                self._take(op)
+            except Unplannable as e:  # (named after the op being sunk where the reason names none)
+                if e.op_index is not None:
+                    raise
+                raise type(e)(e.detail, op=op) from None
         for v in self.region.outputs:
             now = self.rep.get(v.id, v)
             if now != v:
                 self.ops.append(ir.Op(NEW, "copy", (now,), (v,), ()))
         return dataclasses.replace(self.region, ops=ir.live(self.ops, self.region.outputs))
+
+    def _take(self, op: ir.Op) -> None:
+        """One op of the region: a data-moving op becomes its outputs' gathers, a broadcast of a
+        spread input a view of it, any other op is kept, reading its operands as they now are."""
+        if op.prim in opdefs.VIEWS:
+            for o in op.outputs:
+                self.rep[o.id] = self.build(o, Affine.identity(o.shape))
+            return
+        if op.prim == "broadcast_in_dim" and self._spread(op.inputs[0]):
+            self.rep[op.outputs[0].id] = self.build(op.inputs[0], _layout_step(op))
+            return
+        inputs = tuple(self._read(a, op) for a in op.inputs)
+        self.ops.append(op if inputs == op.inputs else dataclasses.replace(op, inputs=inputs))
 
     def _spread(self, a: ir.Atom) -> bool:
         return isinstance(a, ir.Value) and a.id in self.spread
