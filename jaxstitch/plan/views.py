@@ -485,11 +485,12 @@ def never_placed(region: Region) -> bool:
     """A quick, sound no for `place(sink(region))`, which partitioning asks of thousands of merged
     regions (GPT's step: 1087 merges across views tried, 1037 refused, most of them optimizer
     updates of differently shaped parameters joined through a concatenated weight's slices: its
-    partition took 8.7-8.9 s on the CPU machine, 4.6-6.4 s with this). Without reductions or scans a row space is the largest
-    value's (layout.row_space), and sinking keeps the region's outputs and makes no value of a shape
-    the region did not have but scalars. So where no shape at least as large as every output gives
-    a row space that declares all the outputs (each a row, a column, a scalar or the whole, and a
-    whole one computed elementwise splits into its rows), placing fails."""
+    partition took 8.7-8.9 s on the CPU machine, 4.6-6.4 s with this). Without reductions or scans
+    a row space is the largest value's (layout.row_space), and sinking keeps the region's outputs
+    and makes no value of a shape the region did not have but scalars. So where no shape at least
+    as large as every output gives a row space that declares all the outputs (each a row, a
+    column, a scalar or the whole, and a whole one computed elementwise splits into its rows),
+    placing fails."""
     if any(op.prim in opdefs.REDUCTIONS or op.prim in opdefs.SCANS for op in region.ops):
         return False
     sizes = {v.size for v in region.outputs}
