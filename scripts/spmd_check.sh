@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The multi-GPU check (issue 6), for a machine with 2+ GPUs, from any directory:
+# The multi-GPU check, for a machine with 2+ GPUs, from any directory:
 #   bash scripts/spmd_check.sh
 # Installs, runs the multi-GPU tests, then examples/dp_train.py (BERT, then GPT) on 1 and 2 GPUs, and
 # prints their tables last. Logs go to $OUT when set, else /tmp/jaxstitch_spmd_check.
