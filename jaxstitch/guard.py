@@ -243,11 +243,9 @@ def _measure(stitched, xla, args, kwargs, donated: frozenset[int], shapes: str) 
     fresh_buffers = _fresh_buffers(leaves, donated)
 
     def once(which: str) -> float:
-        fresh, buffers = list(leaves), fresh_buffers()
-        for k, x in buffers.items():
-            fresh[k] = x
+        buffers = fresh_buffers()
         jax.block_until_ready(list(buffers.values()))
-        a, k = jax.tree_util.tree_unflatten(tree, fresh)
+        a, k = jax.tree_util.tree_unflatten(tree, [buffers.get(i, x) for i, x in enumerate(leaves)])
         return _timed_call(stitched if which == STITCHED else xla, a, k, which)
 
     collecting = gc.isenabled()

@@ -252,15 +252,27 @@ def _fits_one_kernel(region, target: Target, strict: bool = False) -> bool:
     Remembered by the region's structure and the target. An internal error in planning it says no
     (`strict`: raises)."""
     try:
-        key = (target.name, partition_mod.structure(region))
+        key = _fits_key(region, target)
         known = _FITS.get(key)
     except (TypeError, ValueError):  # (a parameter that cannot be hashed or compared: planned every time)
         return _plans_or_not(region, target, strict)
     if known is None:
-        if len(_FITS) >= _FITS_MAX:
-            _FITS.clear()
-        known = _FITS[key] = _plans_or_not(region, target, strict)
+        known = _put_fit(key, _plans_or_not(region, target, strict))
     return known
+
+
+def _fits_key(region, target: Target) -> tuple:
+    """A region's key in _FITS: the target and the region's structure (TypeError or ValueError
+    where a parameter cannot be hashed or compared)."""
+    return target.name, partition_mod.structure(region)
+
+
+def _put_fit(key: tuple, answer: bool) -> bool:
+    """`answer` in _FITS under `key` (emptied first where full); returns it."""
+    if len(_FITS) >= _FITS_MAX:
+        _FITS.clear()
+    _FITS[key] = answer
+    return answer
 
 
 _KEYED: set[tuple] = set()  # primitives of regions remembered in _FITS by _Fits
@@ -294,11 +306,9 @@ class _Fits:
 def _remember(region, answer: bool, target: Target):
     """`answer` in _FITS under the region's structure and the target (not where it cannot be hashed)."""
     try:
-        key = (target.name, partition_mod.structure(region))
-        if key not in _FITS:
-            if len(_FITS) >= _FITS_MAX:
-                _FITS.clear()
-            _FITS[key] = answer
+        key = _fits_key(region, target)
+        if key not in _FITS:  # (hashing the key may raise too)
+            _put_fit(key, answer)
     except (TypeError, ValueError):
         pass
 
