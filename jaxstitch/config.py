@@ -31,6 +31,10 @@ class Config:
     # JAXSTITCH_GUARD=0/1: the program guard off, or on even without a GPU (guard.py); unset: on
     # where the kernels run on a GPU. `jaxstitch.jit(..., guard=)` decides before it.
     guard: bool | None = None
+    # JAXSTITCH_NVRTC_SECONDS: NVRTC is cancelled on a kernel after this long and its region left to
+    # XLA (default 30; 0: no limit). BERT's stitched kernels take at most 1 s each; a kernel NVRTC is
+    # still on after 30 s is one ptxas then finds spilling (10,000 lines took 90 s).
+    nvrtc_seconds: float = 30.0
 
 
 def _flag(value: str | None) -> bool:
@@ -52,6 +56,7 @@ def load() -> Config:
         override_dir=env.get("JAXSTITCH_OVERRIDE_DIR") or None,
         progress=_flag(env.get("JAXSTITCH_PROGRESS", "1")),
         guard=None if env.get("JAXSTITCH_GUARD", "") == "" else _flag(env.get("JAXSTITCH_GUARD")),
+        nvrtc_seconds=_seconds("JAXSTITCH_NVRTC_SECONDS", env.get("JAXSTITCH_NVRTC_SECONDS"), 30.0),
     )
 
 
@@ -63,6 +68,17 @@ def _xla_flag(flags: str, name: str, default: bool) -> bool:
         if key == name:
             value = _flag(val or "true")
     return value
+
+
+def _seconds(name: str, value: str | None, default: float) -> float:
+    """A duration in seconds, at least 0; `default` where unset."""
+    try:
+        seconds = float(value) if value not in (None, "") else default
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected a number of seconds (0: no limit)") from None
+    if not seconds >= 0:
+        raise ValueError(f"{name}={value!r}: expected a number of seconds at least 0 (0: no limit)")
+    return seconds
 
 
 def _megabytes(name: str, value: str | None, default: int) -> int:

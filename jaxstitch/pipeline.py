@@ -200,9 +200,20 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config, source=None) ->
     except Unplannable as e:
         return Compiled(plan, None, None, None, f"codegen: {e}")
     source = dumps.overridden(source, cfg.override_dir)  # (JAXSTITCH_OVERRIDE_DIR's hand-edited kernels)
+    lines = source.code.count("\n")
+    if lines > MAX_SOURCE_LINES:
+        why = (f"its kernel is {lines} lines of CUDA C, more than the {MAX_SOURCE_LINES} NVRTC compiles "
+               "in seconds")
+        log.info("region %d falls back to XLA: %s", plan.region.id, why)
+        return Compiled(plan, source.code, None, None, why)
     try:
         with build_times.stage("nvrtc"):  # (waiting on it: it runs in the background, see stage)
-            key, cubin, res = cache.get_cubin(source.code, target.arch, cfg.cache_dir)
+            key, cubin, res = cache.get_cubin(source.code, target.arch, cfg.cache_dir, cfg.nvrtc_seconds)
+    except nvrtc.CompileTimeout as e:  # (a runaway kernel: not a bug, a region too big to compile)
+        why = (f"NVRTC did not finish the kernel's {source.code.count(chr(10))} lines within {e.seconds:g} s "
+               "(JAXSTITCH_NVRTC_SECONDS)")
+        log.warning("region %d falls back to XLA: %s", plan.region.id, why)
+        return Compiled(plan, source.code, None, None, why)
     except nvrtc.CompileError as e:  # (our own source failing to compile is a jaxstitch bug)
         if cfg.strict:
             raise
@@ -231,6 +242,12 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config, source=None) ->
 # A row kernel with fewer warps resident per SM loses to XLA: the rotary embedding's fwd+bwd in
 # bfloat16, 255 registers a thread (8 warps): 0.66x on an H100; in float32 with 16 warps: 1.15x.
 MIN_RESIDENT_WARPS = 16
+
+# NVRTC's time grows with a kernel's length: the 588 kernels of the suite, BERT, GPT, DIEN and the
+# zoo are at most 1,598 lines and compile in about a second each; a random-bit region of 3,316 ops
+# rendered 10,335 lines that NVRTC took 90 s over before ptxas found it spilling. Longer than this
+# is not compiled (JAXSTITCH_NVRTC_SECONDS bounds the time of what is).
+MAX_SOURCE_LINES = 5000
 
 
 def _resident_warps(kernel, registers: int, target: Target) -> int | None:
@@ -424,7 +441,7 @@ def prefetch(region, target: Target, cfg: Config) -> FirstTry | None:
         source = codegen.render(plan.kernel)
     except Exception:  # noqa: BLE001 - (declined, or a bug that compile_region meets again and reports)
         return None
-    cache.prefetch(source.code, target.arch, cfg.cache_dir)
+    cache.prefetch(source.code, target.arch, cfg.cache_dir, cfg.nvrtc_seconds)
     return FirstTry(region=region, target=target, tuning=tuning, plan=plan, source=source)
 
 

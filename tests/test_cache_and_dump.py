@@ -258,6 +258,65 @@ def test_cache_clear_empties_memory_and_disk(cache_dir):
 
 
 # ------------------------------------------------------------------------------------------------
+# NVRTC's time limit
+# ------------------------------------------------------------------------------------------------
+
+def _flow_callbacks() -> bool:
+    return nvrtc.available() and hasattr(nvrtc._nvrtc(), "nvrtcSetFlowCallback")
+
+
+needs_flow_callbacks = pytest.mark.skipif(not _flow_callbacks(), reason="this NVRTC cannot be cancelled")
+
+
+@needs_flow_callbacks
+def test_a_compile_past_its_time_limit_is_cancelled_and_remembered(cache_dir):
+    """NVRTC checks the flow callback between its phases: a limit of a millisecond cancels even a
+    tiny kernel. The timeout is remembered on disk: under the same or a smaller limit the key is not
+    compiled again, under a larger one or none it is."""
+    src = TINY % 7
+    with pytest.raises(nvrtc.CompileTimeout, match="JAXSTITCH_NVRTC_SECONDS"):
+        cache.get_cubin(src, ARCH, str(cache_dir), 1e-3)
+    assert os.path.exists(_entry(src, cache_dir) + cache.TIMED_OUT + ".json")
+    for limit in (1e-3, 1e-4):
+        cache.clear_memory()
+        before = cache.stats().nvrtc_compiles
+        with pytest.raises(nvrtc.CompileTimeout):
+            cache.get_cubin(src, ARCH, str(cache_dir), limit)
+        assert cache.stats().nvrtc_compiles == before  # (read from the disk: not compiled again)
+    assert _compiled_again(src, cache_dir)  # (no limit)
+
+
+@needs_flow_callbacks
+def test_a_region_whose_compile_times_out_is_left_to_xla_with_the_reason(cache_dir, monkeypatch, caplog):
+    monkeypatch.setenv("JAXSTITCH_NVRTC_SECONDS", "0.001")
+    report = jaxstitch.explain(softmax_fwdbwd, *PAIR, target="h100")
+    assert report.stitched_kernels == 0
+    assert any("JAXSTITCH_NVRTC_SECONDS" in (r.reason or "") for r in report.regions), report
+    assert any("JAXSTITCH_NVRTC_SECONDS" in w for w in _warnings(caplog))
+
+
+def test_a_kernel_longer_than_nvrtc_compiles_quickly_is_not_compiled(cache_dir, monkeypatch):
+    from jaxstitch import pipeline
+
+    monkeypatch.setattr(pipeline, "MAX_SOURCE_LINES", 50)
+    before = cache.stats().nvrtc_compiles
+    report = jaxstitch.explain(softmax_fwdbwd, *PAIR, target="h100")
+    assert report.stitched_kernels == 0 and cache.stats().nvrtc_compiles == before
+    assert any("lines of CUDA C, more than the 50" in (r.reason or "") for r in report.regions), report
+
+
+def test_the_time_limit_reads_its_environment_variable(monkeypatch):
+    monkeypatch.delenv("JAXSTITCH_NVRTC_SECONDS", raising=False)
+    assert jaxstitch.config.load().nvrtc_seconds == 30.0
+    monkeypatch.setenv("JAXSTITCH_NVRTC_SECONDS", "0")
+    assert jaxstitch.config.load().nvrtc_seconds == 0.0
+    for bad in ("soon", "-1"):
+        monkeypatch.setenv("JAXSTITCH_NVRTC_SECONDS", bad)
+        with pytest.raises(ValueError, match="JAXSTITCH_NVRTC_SECONDS"):
+            jaxstitch.config.load()
+
+
+# ------------------------------------------------------------------------------------------------
 # dump folders, kernel overrides
 # ------------------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -34,7 +35,7 @@ VERSION = "0.1.0"
 FORMAT = 2          # the .json's layout: {"format", "sha256", "bytes", "resources" (cubins)}
 EVICT_TO = 0.9      # a write past the bound evicts down to this share of it (not again at the next write)
 STALE_TEMP_S = 3600.0  # a temporary file this old was left by a process that died mid-write
-_ENTRY_FILE = re.compile(r"[0-9a-f]{64}\.(cubin|ptx|json)")
+_ENTRY_FILE = re.compile(r"[0-9a-f]{64}(?:\.timeout)?\.(cubin|ptx|json|txt)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +58,7 @@ class _Cache:
         self.busy_since = 0.0       # when `running` last went from 0 to 1
         self.pending = 0            # lookups asked for (prefetched or waited on) and not yet done
         self.ptx: dict[str, str] = {}
+        self.timeouts: dict[str, float] = {}  # key -> the time limit NVRTC did not finish it within
         self.warned: set[str] = set()         # entries reported corrupt, and unwritable directories
         self.disk_bytes: dict[str, int] = {}  # cache_dir -> its size as last counted, plus our writes
 
@@ -116,7 +118,7 @@ def cache_key(source: str, arch: str) -> str:
     return h.hexdigest()
 
 
-def prefetch(source: str, arch: str, cache_dir: str | None):
+def prefetch(source: str, arch: str, cache_dir: str | None, seconds: float | None = None):
     """Starts `get_cubin` in the background; a later get_cubin of the same source waits for it
     (counted once, as the compile or disk hit it was). Errors surface there."""
     key = cache_key(source, arch)
@@ -124,11 +126,15 @@ def prefetch(source: str, arch: str, cache_dir: str | None):
         if key in _CACHE.memory or key in _IN_FLIGHT:
             return
         _CACHE.pending += 1
-        _IN_FLIGHT[key] = _POOL.submit(_load_or_compile, key, source, arch, cache_dir)
+        _IN_FLIGHT[key] = _POOL.submit(_load_or_compile, key, source, arch, cache_dir, seconds)
 
 
-def get_cubin(source: str, arch: str, cache_dir: str | None) -> tuple[str, bytes, nvrtc.Resources]:
-    """(key, cubin, resources) for `source`, running NVRTC only on a miss in memory and on disk."""
+def get_cubin(source: str, arch: str, cache_dir: str | None,
+              seconds: float | None = None) -> tuple[str, bytes, nvrtc.Resources]:
+    """(key, cubin, resources) for `source`, running NVRTC only on a miss in memory and on disk;
+    nvrtc.CompileTimeout where NVRTC did not finish within `seconds` (None or 0: no limit), now or
+    in an earlier compile under the same or a larger limit (remembered in memory and on disk, so a
+    runaway kernel costs its limit once per cache directory)."""
     key = cache_key(source, arch)
     with _CACHE.lock:
         pending = _IN_FLIGHT.get(key)
@@ -139,20 +145,22 @@ def get_cubin(source: str, arch: str, cache_dir: str | None) -> tuple[str, bytes
             _CACHE.memory_hits += 1
             return (key,) + _CACHE.memory[key]
         _CACHE.pending += 1
-    return _load_or_compile(key, source, arch, cache_dir)  # (after a failed prefetch: its error, here)
+    return _load_or_compile(key, source, arch, cache_dir, seconds)  # (after a failed prefetch: its error)
 
 
-def _load_or_compile(key: str, source: str, arch: str, cache_dir: str | None) -> tuple[str, bytes, nvrtc.Resources]:
+def _load_or_compile(key: str, source: str, arch: str, cache_dir: str | None,
+                     seconds: float | None) -> tuple[str, bytes, nvrtc.Resources]:
     try:
-        return _load_or_compile_now(key, source, arch, cache_dir)
+        return _load_or_compile_now(key, source, arch, cache_dir, seconds)
     finally:
         with _CACHE.lock:
             _IN_FLIGHT.pop(key, None)
             _CACHE.pending -= 1
 
 
-def _load_or_compile_now(key: str, source: str, arch: str, cache_dir: str | None):
+def _load_or_compile_now(key: str, source: str, arch: str, cache_dir: str | None, seconds: float | None):
     path = _entry(cache_dir, key)
+    _raise_if_timed_out(key, path, cache_dir, seconds)
     found = _load(path, ".cubin", cache_dir)
     if found is not None:
         cubin, meta = found
@@ -163,12 +171,35 @@ def _load_or_compile_now(key: str, source: str, arch: str, cache_dir: str | None
             _CACHE.disk_hits += 1
             _CACHE.memory[key] = (cubin, res)
         return key, cubin, res
-    cubin, res = _timed(nvrtc.compile_cubin, source, arch)
+    try:
+        cubin, res = _timed(functools.partial(nvrtc.compile_cubin, seconds=seconds), source, arch)
+    except nvrtc.CompileTimeout as e:
+        with _CACHE.lock:
+            _CACHE.timeouts[key] = e.seconds
+        if path:
+            _store(path + TIMED_OUT, ".txt", b"", {"seconds": e.seconds}, cache_dir)
+        raise
     with _CACHE.lock:
         _CACHE.memory[key] = (cubin, res)
     if path:
         _store(path, ".cubin", cubin, {"resources": dataclasses.asdict(res)}, cache_dir)
     return key, cubin, res
+
+
+TIMED_OUT = ".timeout"  # (beside a key's entry: the limit NVRTC did not finish its source within)
+
+
+def _raise_if_timed_out(key: str, path: str | None, cache_dir: str | None, seconds: float | None):
+    """CompileTimeout where NVRTC ran out of a limit at least `seconds` on this key before."""
+    if not seconds:
+        return
+    with _CACHE.lock:
+        limit = _CACHE.timeouts.get(key)
+    if limit is None and path:
+        found = _load(path + TIMED_OUT, ".txt", cache_dir)
+        limit = found[1].get("seconds") if found is not None else None
+    if isinstance(limit, (int, float)) and seconds <= limit:
+        raise nvrtc.CompileTimeout(limit)
 
 
 def _timed(compile_fn, source: str, arch: str):
@@ -411,6 +442,7 @@ def clear_memory():
     with _CACHE.lock:
         _CACHE.memory.clear()
         _CACHE.ptx.clear()
+        _CACHE.timeouts.clear()
 
 
 def clear(cache_dir: str | None) -> int:

@@ -2,16 +2,30 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import functools
 import re
 import struct
+import time
 
 OPTIONS = ("-std=c++17", "--fmad=true", "-default-device")
 
 
 class CompileError(RuntimeError):
     """NVRTC rejected a kernel (the message holds its log), or NVRTC is not installed."""
+
+
+class CompileTimeout(CompileError):
+    """NVRTC was cancelled at its time limit (config.Config.nvrtc_seconds)."""
+
+    def __init__(self, seconds: float):
+        super().__init__(f"NVRTC did not finish within {seconds:g} s (JAXSTITCH_NVRTC_SECONDS)")
+        self.seconds = seconds
+
+
+# nvrtcSetFlowCallback's callback: int (*)(void *payload, void *reserved), 1 to cancel the compile
+_FLOW_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 
 
 # What installs NVRTC: the extra of jax's CUDA line (pyproject.toml; kernels/availability.py says
@@ -124,14 +138,18 @@ def _resources(log: str, cubin: bytes) -> Resources:
 
 
 @contextlib.contextmanager
-def _compiled(source: str, arch: str, extra: tuple[str, ...], name: str):
-    """(nvrtc, program) of `source` compiled for `--gpu-architecture=arch`, destroyed on exit."""
+def _compiled(source: str, arch: str, extra: tuple[str, ...], name: str, seconds: float | None = None):
+    """(nvrtc, program) of `source` compiled for `--gpu-architecture=arch`, destroyed on exit;
+    cancelled after `seconds` (None or 0: no limit) with CompileTimeout."""
     nvrtc = _nvrtc()
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     _check(nvrtc, err, "nvrtcCreateProgram")
     try:
+        callback = _cancel_after(nvrtc, prog, seconds)  # (kept alive until the compile returns)
         opts = [f"--gpu-architecture={arch}".encode()] + [o.encode() for o in OPTIONS + extra]
         (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if callback is not None and getattr(err, "name", "") == "NVRTC_ERROR_CANCELLED":
+            raise CompileTimeout(seconds)
         if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             raise CompileError(f"NVRTC failed for {arch}:\n{_log(nvrtc, prog)}")
         yield nvrtc, prog
@@ -139,8 +157,24 @@ def _compiled(source: str, arch: str, extra: tuple[str, ...], name: str):
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-def compile_cubin(source: str, arch: str, name: str = "kernel.cu") -> tuple[bytes, Resources]:
-    with _compiled(source, arch, ("--ptxas-options=-v",), name) as (nvrtc, prog):
+def _cancel_after(nvrtc, prog, seconds: float | None):
+    """A flow callback that cancels `prog`'s compile once `seconds` have passed, installed; None
+    without a limit or where this NVRTC has no flow callbacks (before CUDA 12.8). NVRTC calls it
+    thousands of times a second, so a runaway kernel stops within milliseconds of its limit: a
+    10,000-line kernel took NVRTC 90 s before ptxas reported it spilling (a data-parallel BERT
+    step's random-bit region), where the slowest of BERT's stitched kernels takes 1 s."""
+    if not seconds or not hasattr(nvrtc, "nvrtcSetFlowCallback"):
+        return None
+    end = time.monotonic() + seconds
+    callback = _FLOW_CALLBACK(lambda payload, reserved: int(time.monotonic() > end))
+    (err,) = nvrtc.nvrtcSetFlowCallback(prog, ctypes.cast(callback, ctypes.c_void_p).value, 0)
+    return callback if err == nvrtc.nvrtcResult.NVRTC_SUCCESS else None
+
+
+def compile_cubin(source: str, arch: str, name: str = "kernel.cu", *,
+                  seconds: float | None = None) -> tuple[bytes, Resources]:
+    """(cubin, ptxas's resources) of `source`; CompileTimeout past `seconds`."""
+    with _compiled(source, arch, ("--ptxas-options=-v",), name, seconds) as (nvrtc, prog):
         err, size = nvrtc.nvrtcGetCUBINSize(prog)
         _check(nvrtc, err, "nvrtcGetCUBINSize")
         buf = bytearray(size)
