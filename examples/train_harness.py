@@ -39,6 +39,24 @@ def nnx_train_step(loss: Callable) -> Callable:
     return step
 
 
+def over_leaves(step: Callable, graphdef, state) -> tuple[Callable, list]:
+    """(`step` as `f(leaves, batch) -> (loss, new leaves)`, the state's leaves): the loop hands the
+    compiled step a flat list of arrays, as a training loop that minds its host time does. An
+    `nnx.State` is a pytree flattened and rebuilt in Python on every call: for BERT-base's state of
+    655 arrays, 1.5 ms and 8.1 ms a call on a 2-core CPU, host time both compilers' steps would pay.
+    The compiled program is the same."""
+    leaves, treedef = jax.tree.flatten(state)
+
+    def flat(leaves, batch):
+        loss, new = step(graphdef, jax.tree.unflatten(treedef, leaves), batch)
+        new_leaves, new_treedef = jax.tree.flatten(new)
+        if new_treedef != treedef:
+            raise ValueError(f"the train step's new state has another structure than its state: {new_treedef}")
+        return loss, new_leaves
+
+    return flat, leaves
+
+
 def kernel_counts(hlo: str) -> tuple[int, int]:
     """(all launches, memory-intensive ones: all but matrix products) of a compiled HLO module."""
     total = count_kernels(hlo)
@@ -68,8 +86,8 @@ def run(name: str, jit: Callable, step, init: Callable, batch: Callable, steps: 
     collector waits while they run, as under timeit. `place(tree,
     kind)` puts the state (kind "state") and each batch ("batch") on devices (examples/dp_train.py)."""
     graphdef, state = init()
-    state = place(state, "state")
-    f = jit(functools.partial(step, graphdef), donate_argnums=(0,))
+    flat, state = over_leaves(step, graphdef, place(state, "state"))
+    f = jit(flat, donate_argnums=(0,))
     batches = jax.block_until_ready([place(batch(i), "batch") for i in range(steps)])
     t0 = time.perf_counter()
     compiled = f.lower(state, batches[0]).compile()

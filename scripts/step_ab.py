@@ -38,6 +38,7 @@ import jax  # noqa: E402
 
 import jaxstitch  # noqa: E402
 from jaxstitch import bench  # noqa: E402
+import train_harness  # noqa: E402
 from example_models import load_example, model_arguments  # noqa: E402
 
 
@@ -63,12 +64,13 @@ def main():
         t = time.perf_counter()
         graphdef, state = init()
         with bench._tuned(spec):  # (read by jaxstitch.jit; planned and compiled at the first call)
-            f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,), **options)
-            _, state = f(graphdef, state, batch)
+            flat, state = train_harness.over_leaves(example.train_step, graphdef, state)
+            f = jit(flat, donate_argnums=(0,), **options)
+            _, state = f(state, batch)
         jax.block_until_ready(state)
         print(f"  ({name}: first step, with tracing, planning and compiling, {time.perf_counter() - t:.1f} s)",
               flush=True)
-        runs.append(Run(name, f, graphdef, state))
+        runs.append(Run(name, f, state))
     gc.collect()
     gc.disable()
     for _ in range(args.rounds):
@@ -76,7 +78,7 @@ def main():
             def steps(run=run):
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
-                    _, run.state = run.f(run.graphdef, run.state, batch)
+                    _, run.state = run.f(run.state, batch)
                 run.handed.append((time.perf_counter() - t0) * 1e3 / args.steps)
                 jax.block_until_ready(run.state)
 
@@ -89,7 +91,7 @@ def main():
     for run in runs:  # one step in flight at a time: the host's own time to hand over a step
         for _ in range(args.steps):
             t0 = time.perf_counter()
-            _, run.state = run.f(run.graphdef, run.state, batch)
+            _, run.state = run.f(run.state, batch)
             run.alone.append((time.perf_counter() - t0) * 1e3)
             jax.block_until_ready(run.state)
     gc.enable()
@@ -115,11 +117,11 @@ def main():
 
 @dataclasses.dataclass
 class Run:
-    """One variant: its jitted step, its state (donated each step), and what its rounds measured."""
+    """One variant: its jitted step over the state's leaves (train_harness.over_leaves), those
+    leaves (donated each step), and what its rounds measured."""
 
     name: str
     f: Any
-    graphdef: Any
     state: Any
     times: list = dataclasses.field(default_factory=list)   # ms a step, a round each (wall clock)
     gpu: list = dataclasses.field(default_factory=list)     # (span, busy) ms a step, a round each (CUPTI)

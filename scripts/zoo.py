@@ -66,6 +66,7 @@ import jaxstitch  # noqa: E402
 from jaxstitch.targets import detect, get_target  # noqa: E402
 import zoo  # noqa: E402
 from zoo import common  # noqa: E402
+import train_harness  # noqa: E402
 
 RTOL = {"float32": 2e-3, "bfloat16": 2e-2}  # loss curves "match" within these (examples/train_harness.py)
 STABLE = 0.05  # each repeat's median within +-5% of their median: what the zoo asks for
@@ -201,13 +202,18 @@ class Variant:
     jit: object
     f: object = None
     graphdef: object = None
-    state: object = None
+    state: object = None      # (a training step's: the state's leaves)
+    treedef: object = None
     compile_s: float = 0.0
     nvrtc: dict | None = None
     losses: list = dataclasses.field(default_factory=list)
     rounds: list = dataclasses.field(default_factory=list)   # per repeat: ms a step, a round each
     gpu: list = dataclasses.field(default_factory=list)      # per profiled round: dict of ms a step
     hlo: dict | None = None
+
+    def nnx_state(self):
+        """The state as the model's step takes it (an nnx.State)."""
+        return jax.tree.unflatten(self.treedef, jax.tree.leaves(self.state))
 
     def step(self, batch, donate: bool):
         loss, out = self.f(self.state, batch)
@@ -218,8 +224,13 @@ class Variant:
 
 def first_call(v: Variant, model, init, batch) -> None:
     """The variant's first step from `init()`: tracing, planning, compiling and running, timed."""
-    v.graphdef, v.state = jax.block_until_ready(init())
-    v.f = v.jit(functools.partial(model.step, v.graphdef), donate_argnums=() if model.inference else (0,))
+    v.graphdef, state = jax.block_until_ready(init())
+    if model.inference:
+        v.f, v.state = v.jit(functools.partial(model.step, v.graphdef)), state
+    else:  # (the state's leaves: an nnx.State rebuilt each call would pace the step by the host)
+        flat, v.state = train_harness.over_leaves(model.step, v.graphdef, state)
+        v.f = v.jit(flat, donate_argnums=(0,))
+    v.treedef = jax.tree.structure(state)
     before, t0 = jaxstitch.cache_stats(), time.perf_counter()
     loss = v.step(batch, not model.inference)
     jax.block_until_ready((loss, v.state))
@@ -303,7 +314,7 @@ def measure(model, c, args, target) -> dict:
         except Exception as e:  # (an approximate roofline only: never worth the run)
             print(f"  ({v.name}: no HLO bytes: {type(e).__name__}: {e})")
     t0 = time.perf_counter()
-    report = jaxstitch.explain(model.step, variants[1].graphdef, variants[1].state, b0, target=target)
+    report = jaxstitch.explain(model.step, variants[1].graphdef, variants[1].nnx_state(), b0, target=target)
     plan_s = time.perf_counter() - t0
     return record(model, c, variants, report, plan_s, target, args)
 
@@ -325,7 +336,7 @@ def record(model, c, variants, report, plan_s, target, args) -> dict:
                         "gpu": {k: statistics.median(g[k] for g in v.gpu) for k in v.gpu[0]} if v.gpu else None}
     runs["jaxstitch.jit"]["plan_warm_s"] = plan_s
     return {"model": model.name, "family": model.family, "inference": model.inference, "dtype": c.dtype,
-            "config": dataclasses.asdict(c), "params": common.count_params(ref.state),
+            "config": dataclasses.asdict(c), "params": common.count_params(ref.nnx_state()),
             "device": jax.devices()[0].device_kind, "jax": jax.__version__, "target": target.name,
             "bandwidth_gbs": target.bandwidth_gbs, "date": datetime.datetime.now().isoformat(timespec="minutes"),
             "steps": args.steps, "rounds": args.rounds, "round_steps": args.round_steps, "repeats": args.repeats,
