@@ -403,6 +403,10 @@ def _merge_across_views(consumers: dict[int, set[int]], nodes: Nodes, region_ops
     ops alone), so each such set is tried once: the pairs are retried after every merge elsewhere,
     as a merge may remove the outside path that kept a pair apart."""
     unfit: set[frozenset[int]] = set()
+    # Members (root, ops held) whose merge was refused: a region only grows under its root, so this
+    # names its ops; and a refusal stands while they do, as merges elsewhere only coarsen the paths
+    # that leave them and come back (GPT: 1,365 path searches refused, most of them repeats).
+    refused: set[tuple] = set()
 
     def links():
         made_by = {o.id: root for root, rops in region_ops.items() for op in rops for o in op.outputs}
@@ -416,12 +420,17 @@ def _merge_across_views(consumers: dict[int, set[int]], nodes: Nodes, region_ops
                     yield src, root
 
     def merge(members) -> bool:
+        held = tuple((m, len(region_ops[m])) for m in members)
+        if held in refused:
+            return False
         merged = sorted((op for m in members for op in region_ops[m]), key=lambda op: op.index)
         key = frozenset(op.index for op in merged)
         if key in unfit or not nodes.can_merge_all(members):
+            refused.add(held)
             return False
         if not fits(_make_region(-1, merged, consumers)):
             unfit.add(key)
+            refused.add(held)
             return False
         for m in members:
             del region_ops[m]
