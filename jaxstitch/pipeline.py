@@ -200,10 +200,9 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config, source=None) ->
     except Unplannable as e:
         return Compiled(plan, None, None, None, f"codegen: {e}")
     source = dumps.overridden(source, cfg.override_dir)  # (JAXSTITCH_OVERRIDE_DIR's hand-edited kernels)
-    lines = source.code.count("\n")
-    if lines > MAX_SOURCE_LINES:
-        why = (f"its kernel is {lines} lines of CUDA C, more than the {MAX_SOURCE_LINES} NVRTC compiles "
-               "in seconds")
+    if _too_long(source):
+        why = (f"its kernel is {source.code.count(chr(10))} lines of CUDA C, more than the {MAX_SOURCE_LINES} "
+               "NVRTC compiles in seconds")
         log.info("region %d falls back to XLA: %s", plan.region.id, why)
         return Compiled(plan, source.code, None, None, why)
     try:
@@ -248,6 +247,10 @@ MIN_RESIDENT_WARPS = 16
 # rendered 10,335 lines that NVRTC took 90 s over before ptxas found it spilling. Longer than this
 # is not compiled (JAXSTITCH_NVRTC_SECONDS bounds the time of what is).
 MAX_SOURCE_LINES = 5000
+
+
+def _too_long(source) -> bool:
+    return source.code.count("\n") > MAX_SOURCE_LINES
 
 
 def _resident_warps(kernel, registers: int, target: Target) -> int | None:
@@ -441,7 +444,8 @@ def prefetch(region, target: Target, cfg: Config) -> FirstTry | None:
         source = codegen.render(plan.kernel)
     except Exception:  # noqa: BLE001 - (declined, or a bug that compile_region meets again and reports)
         return None
-    cache.prefetch(source.code, target.arch, cfg.cache_dir, cfg.nvrtc_seconds)
+    if not _too_long(source):  # (_compile_plan declines it without compiling)
+        cache.prefetch(source.code, target.arch, cfg.cache_dir, cfg.nvrtc_seconds)
     return FirstTry(region=region, target=target, tuning=tuning, plan=plan, source=source)
 
 
