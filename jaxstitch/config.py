@@ -31,9 +31,9 @@ class Config:
     # JAXSTITCH_GUARD=0/1: the program guard off, or on even without a GPU (guard.py); unset: on
     # where the kernels run on a GPU. `jaxstitch.jit(..., guard=)` decides before it.
     guard: bool | None = None
-    # JAXSTITCH_NVRTC_SECONDS: NVRTC is cancelled on a kernel after this long and its region left to
-    # XLA (default 30; 0: no limit). BERT's stitched kernels take at most 1 s each; a kernel NVRTC is
-    # still on after 30 s is one ptxas then finds spilling (10,000 lines took 90 s).
+    # JAXSTITCH_NVRTC_SECONDS: NVRTC is cancelled on a kernel after this long (at its next phase) and
+    # its region left to XLA (default 30; 0: no limit). BERT's stitched kernels take at most 1 s each;
+    # the one kernel seen past 30 s took 90 s, and ptxas then found it spilling.
     nvrtc_seconds: float = 30.0
 
 

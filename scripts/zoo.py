@@ -227,7 +227,7 @@ def first_call(v: Variant, model, init, batch) -> None:
     v.graphdef, state = jax.block_until_ready(init())
     if model.inference:
         v.f, v.state = v.jit(functools.partial(model.step, v.graphdef)), state
-    else:  # (the state's leaves: an nnx.State rebuilt each call would pace the step by the host)
+    else:  # (over the state's leaves, as the train examples: train_harness.over_leaves)
         flat, v.state = train_harness.over_leaves(model.step, v.graphdef, state)
         v.f = v.jit(flat, donate_argnums=(0,))
     v.treedef = jax.tree.structure(state)
