@@ -1,7 +1,7 @@
 """Benchmark: jax.jit against jaxstitch.jit on the workloads of `jaxstitch.workloads`.
 
     python -m jaxstitch.bench [--quick] [--only NAME ...] [--dtype float32|bfloat16|all]
-                              [--json PATH] [--markdown]
+                              [--json PATH] [--markdown] [--xla-triton auto|on|off]
 
 For each workload and dtype both compiled functions run in the same process on the same inputs. A timing
 is the median over `reps` repeats of (wall time of `inner` back-to-back calls ended by one
@@ -12,7 +12,8 @@ cost (the first dispatch and the final synchronization, ~0.2 ms) then adds ~1% t
 timeline of back-to-back calls showed 88.)
 The roofline is measured in the same run by a copy kernel (`a * 1.0001` over a 1 GiB float32 array;
 256 MiB with --quick): % of roofline = ((input + output bytes) / measured bandwidth) / measured time.
-Kernel counts come from each executable's optimized HLO (`count_kernels`).
+Kernel counts come from each executable's optimized HLO (`count_kernels`). On a GPU, jax.jit is
+also timed with XLA's Triton fusion flags (XLA_TRITON), the strongest XLA to compare with.
 """
 from __future__ import annotations
 
@@ -36,6 +37,12 @@ import numpy as np
 from jaxstitch.workloads import WORKLOADS, workload_names
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# The strongest XLA there is to compare with: every fusion through its Triton emitter and its
+# block-level rewriter. On 18 kernels outside the suite (H200, jax 0.11.2) they changed nothing;
+# newer XLA autotunes each fusion between its native and Triton emitters, so the column stays. On a
+# GPU only (`--xla-triton`); where this XLA lacks the flags, the column reads "-".
+XLA_TRITON = {"xla_gpu_experimental_all_fusions_with_triton": True,
+              "xla_gpu_experimental_enable_fusion_block_level_rewriter": True}
 WARMUP_CALLS = 3
 TARGET_REPEAT_S = 0.05  # `inner` is picked so one repeat takes about this long
 MAX_INNER = 1000
@@ -238,9 +245,10 @@ def _tuned(spec: str | None):
                 os.environ["JAXSTITCH_TUNE"] = old
 
 
-def bench_one(workload, dtype_name, quick, reps, bandwidth, stitch, tunings=()) -> dict:
+def bench_one(workload, dtype_name, quick, reps, bandwidth, stitch, tunings=(), xla_triton=False) -> dict:
     """Times jax.jit and jaxstitch.jit of one workload; returns a row of numbers. Each of `tunings`
-    (JAXSTITCH_TUNE specs) adds a stitched variant timed in the same interleaved repeats."""
+    (JAXSTITCH_TUNE specs) adds a stitched variant timed in the same interleaved repeats, and
+    `xla_triton` jax.jit compiled with XLA_TRITON."""
     args = workload.make_inputs(jax.random.key(0), DTYPES[dtype_name], quick)
     xla_f, stitch_f = jax.jit(workload.fn), stitch(workload.fn)
     want = jax.block_until_ready(xla_f(*args))
@@ -251,36 +259,50 @@ def bench_one(workload, dtype_name, quick, reps, bandwidth, stitch, tunings=()) 
             f = stitch(workload.fn)
             variant_err = max_rel_err(jax.block_until_ready(f(*args)), want)
         variants.append((spec, f, variant_err))
+    triton_f = _xla_triton(workload.fn, args) if xla_triton else None
     moved = tree_bytes(args) + tree_bytes(want)
-    fns = [xla_f, stitch_f] + [f for _, f, _ in variants]
+    fns = [xla_f, stitch_f] + [f for _, f, _ in variants] + ([triton_f] if triton_f else [])
     inner = [pick_inner(f, args) for f in fns]
-    xla_us, stitch_us, *variant_us = time_fns(fns, args, reps, inner)
+    xla_us, stitch_us, *rest = time_fns(fns, args, reps, inner)
+    variant_us, triton_us = rest[:len(variants)], (rest[-1] if triton_f else None)
     ideal_us = moved / bandwidth * 1e6
     return {
         "variants": [{"tune": spec, "stitch_us": us, "max_rel_err": err, "kernels": compiled_kernels(f, args)}
                      for (spec, f, err), us in zip(variants, variant_us)],
         "workload": workload.name, "dtype": dtype_name,
         "shape": list(workload.shape(quick)), "bytes": moved, "inner": inner, "reps": reps,
-        "jit_us": xla_us, "stitch_us": stitch_us, "speedup": xla_us / stitch_us,
+        "jit_us": xla_us, "stitch_us": stitch_us, "speedup": xla_us / stitch_us, "jit_triton_us": triton_us,
         "roofline_stitch": ideal_us / stitch_us, "roofline_jit": ideal_us / xla_us,
         "kernels_jit": compiled_kernels(xla_f, args), "kernels_stitch": compiled_kernels(stitch_f, args),
         "max_rel_err": max_rel_err(got, want),
     }
 
 
+def _xla_triton(fn, args):
+    """jax.jit of `fn` under XLA_TRITON, compiled and run once; None where this XLA refuses them."""
+    f = jax.jit(fn, compiler_options=XLA_TRITON)
+    try:
+        jax.block_until_ready(f(*args))
+    except Exception as e:  # noqa: BLE001 - (an XLA without the flags: the column reads "-")
+        print(f"  (jax.jit with XLA's Triton flags: {type(e).__name__}: {str(e).splitlines()[0][:160]})")
+        return None
+    return f
+
+
 # ----------------------------------------------------------------------------------------------------
 # Output
 # ----------------------------------------------------------------------------------------------------
 
-COLUMNS = ("workload", "dtype", "jax.jit µs", "jaxstitch µs", "speedup", "% roofline (stitch)",
-           "% roofline (jit)", "kernels (jit→stitch)", "max rel err")
+COLUMNS = ("workload", "dtype", "jax.jit µs", "jaxstitch µs", "speedup", "jax.jit+Triton µs",
+           "% roofline (stitch)", "% roofline (jit)", "kernels (jit→stitch)", "max rel err")
 
 
 def _cells(row) -> list[str]:
     kern = lambda k: "?" if k is None else str(k)  # noqa: E731
+    triton = row.get("jit_triton_us")
     return [row["workload"], row["dtype"], f"{row['jit_us']:.1f}", f"{row['stitch_us']:.1f}",
-            f"{row['speedup']:.2f}x", f"{100 * row['roofline_stitch']:.0f}%",
-            f"{100 * row['roofline_jit']:.0f}%",
+            f"{row['speedup']:.2f}x", "-" if triton is None else f"{triton:.1f}",
+            f"{100 * row['roofline_stitch']:.0f}%", f"{100 * row['roofline_jit']:.0f}%",
             f"{kern(row['kernels_jit'])}→{kern(row['kernels_stitch'])}", f"{row['max_rel_err']:.1e}"]
 
 
@@ -358,6 +380,8 @@ def parse_args(argv=None):
     p.add_argument("--reps", type=int, help="timed repeats per function (default 20; quick 5)")
     p.add_argument("--tune", nargs="+", metavar="SPEC", default=[],
                    help='also time stitched variants planned with JAXSTITCH_TUNE=SPEC, e.g. "elems=16,max_tpr=64"')
+    p.add_argument("--xla-triton", choices=["auto", "on", "off"], default="auto",
+                   help="also time jax.jit with XLA's Triton fusion flags (auto: on a GPU)")
     return p.parse_args(argv)
 
 
@@ -372,6 +396,7 @@ def main(argv=None) -> int:
     dtypes = list(DTYPES) if args.dtype == "all" else [args.dtype]
     names = args.only or workload_names()
 
+    xla_triton = args.xla_triton == "on" or (args.xla_triton == "auto" and jax.default_backend() == "gpu")
     bandwidth = measure_bandwidth(args.quick, reps)
     meta = {"device": jax.devices()[0].device_kind, "platform": jax.default_backend(),
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
@@ -382,7 +407,8 @@ def main(argv=None) -> int:
     for name in names:
         for dtype_name in dtypes:
             try:
-                row = bench_one(WORKLOADS[name], dtype_name, args.quick, reps, bandwidth, stitch, args.tune)
+                row = bench_one(WORKLOADS[name], dtype_name, args.quick, reps, bandwidth, stitch, args.tune,
+                                xla_triton)
             except Exception as e:  # noqa: BLE001 - one failing case must not hide the others
                 traceback.print_exc()
                 row = {"workload": name, "dtype": dtype_name, "error": f"{type(e).__name__}: {e}"}

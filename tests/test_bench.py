@@ -230,12 +230,14 @@ def _row(name="softmax_fwd", **kw):
 def test_tables():
     meta = {"device": "NVIDIA H200", "date": "2026-01-01T00:00:00", "bandwidth_gbs": 4000.0,
             "jax_version": "0.11.2", "quick": False}
-    rows = [_row(), _row("xent_fwdbwd", kernels_stitch=None),
+    rows = [_row(jit_triton_us=118.0), _row("xent_fwdbwd", kernels_stitch=None),
             {"workload": "fig7_chain", "dtype": "bfloat16", "error": "RuntimeError: boom"}]
     text = bench.format_table(rows, meta)
     assert "NVIDIA H200" in text and "4000 GB/s" in text and "0.11.2" in text
     assert "2.00x" in text and "80%" in text and "40%" in text and "3→1" in text and "3→?" in text
     assert "fig7_chain  bfloat16  ERROR: RuntimeError: boom" in text
+    cells = [line.split() for line in text.splitlines() if line.startswith(("softmax_fwd", "xent_fwdbwd"))]
+    assert [c[5] for c in cells] == ["118.0", "-"]  # (jax.jit with XLA's Triton flags; not run: "-")
     md = bench.format_markdown(rows, meta).splitlines()
     assert md[2].startswith("| workload | dtype | jax.jit µs | jaxstitch µs | speedup |")
     assert all(line.count("|") == len(bench.COLUMNS) + 1 for line in md[2:-2])
