@@ -91,9 +91,9 @@ def main():
     bandwidth = bench.measure_bandwidth(opts.quick, 10)
     print(f"device: {jax.devices()[0].device_kind} | copy bandwidth {bandwidth / 1e9:.0f} GB/s | "
           f"GPU span per call (CUPTI), median of {opts.calls}")
-    print("| workload | dtype | jax.jit GPU µs | jaxstitch GPU µs | speedup | % roofline (stitch) | "
-          "% roofline (jit) | kernels (jit→stitch) | max rel err |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| workload | dtype | jax.jit GPU µs | jaxstitch GPU µs | speedup | jax.jit+Triton GPU µs | "
+          "% roofline (stitch) | % roofline (jit) | kernels (jit→stitch) | max rel err |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in names:
         w = WORKLOADS[name]
         for dtype in dtypes:
@@ -105,14 +105,16 @@ def main():
             want = jax.block_until_ready(fns[0](*args))
             err = bench.max_rel_err(jax.block_until_ready(fns[1](*args)), want)
             moved = bench.tree_bytes(args) + bench.tree_bytes(want)
+            triton = bench._xla_triton(w.fn, args)  # (the strongest XLA: bench.XLA_TRITON)
             res = []
-            for f in fns:
+            for f in fns + ((triton,) if triton else ()):
                 calls = [one_call(f, args) for _ in range(opts.calls)]
                 res.append((statistics.median(c[0] for c in calls), statistics.median(c[1] for c in calls)))
-            (xs, xk), (ss, sk) = res
+            (xs, xk), (ss, sk) = res[:2]
+            ts = f"{res[2][0]:.1f}" if triton else "-"
             ideal = moved / bandwidth * 1e6
             label = f"{name} {opts.shape}" if opts.shape else name
-            print(f"| {label} | {dtype} | {xs:.1f} | {ss:.1f} | {xs / ss:.2f}x | {100 * ideal / ss:.0f}% | "
+            print(f"| {label} | {dtype} | {xs:.1f} | {ss:.1f} | {xs / ss:.2f}x | {ts} | {100 * ideal / ss:.0f}% | "
                   f"{100 * ideal / xs:.0f}% | {xk:.0f}→{sk:.0f} | {err:.1e} |", flush=True)
             timed = []
             for spec in opts.tune:
