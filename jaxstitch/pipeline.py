@@ -200,17 +200,16 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config, source=None) ->
     except Unplannable as e:
         return Compiled(plan, None, None, None, f"codegen: {e}")
     source = dumps.overridden(source, cfg.override_dir)  # (JAXSTITCH_OVERRIDE_DIR's hand-edited kernels)
-    if _too_long(source):
-        why = (f"its kernel is {source.code.count(chr(10))} lines of CUDA C, more than the {MAX_SOURCE_LINES} "
-               "NVRTC compiles in seconds")
+    lines = _lines(source)
+    if lines > MAX_SOURCE_LINES:
+        why = f"its kernel is {lines} lines of CUDA C, more than the {MAX_SOURCE_LINES} NVRTC compiles in seconds"
         log.info("region %d falls back to XLA: %s", plan.region.id, why)
         return Compiled(plan, source.code, None, None, why)
     try:
         with build_times.stage("nvrtc"):  # (waiting on it: it runs in the background, see stage)
             key, cubin, res = cache.get_cubin(source.code, target.arch, cfg.cache_dir, cfg.nvrtc_seconds)
     except nvrtc.CompileTimeout as e:  # (a runaway kernel: not a bug, a region too big to compile)
-        why = (f"NVRTC did not finish the kernel's {source.code.count(chr(10))} lines within {e.seconds:g} s "
-               "(JAXSTITCH_NVRTC_SECONDS)")
+        why = f"NVRTC did not finish the kernel's {lines} lines within {e.seconds:g} s (JAXSTITCH_NVRTC_SECONDS)"
         log.warning("region %d falls back to XLA: %s", plan.region.id, why)
         return Compiled(plan, source.code, None, None, why)
     except nvrtc.CompileError as e:  # (our own source failing to compile is a jaxstitch bug)
@@ -249,8 +248,8 @@ MIN_RESIDENT_WARPS = 16
 MAX_SOURCE_LINES = 5000
 
 
-def _too_long(source) -> bool:
-    return source.code.count("\n") > MAX_SOURCE_LINES
+def _lines(source) -> int:
+    return source.code.count("\n")
 
 
 def _resident_warps(kernel, registers: int, target: Target) -> int | None:
@@ -444,7 +443,7 @@ def prefetch(region, target: Target, cfg: Config) -> FirstTry | None:
         source = codegen.render(plan.kernel)
     except Exception:  # noqa: BLE001 - (declined, or a bug that compile_region meets again and reports)
         return None
-    if not _too_long(source):  # (_compile_plan declines it without compiling)
+    if _lines(source) <= MAX_SOURCE_LINES:  # (_compile_plan declines it without compiling)
         cache.prefetch(source.code, target.arch, cfg.cache_dir, cfg.nvrtc_seconds)
     return FirstTry(region=region, target=target, tuning=tuning, plan=plan, source=source)
 

@@ -272,7 +272,7 @@ needs_flow_callbacks = pytest.mark.skipif(not _flow_callbacks(), reason="this NV
 def test_a_compile_past_its_time_limit_is_cancelled_and_remembered(cache_dir):
     """NVRTC checks the flow callback between its phases: a limit of a millisecond cancels even a
     tiny kernel. The timeout is remembered on disk: under the same or a smaller limit the key is not
-    compiled again, under a larger one or none it is."""
+    compiled again, under a larger one or none it is, and its cubin is then read under any limit."""
     src = TINY % 7
     with pytest.raises(nvrtc.CompileTimeout, match="JAXSTITCH_NVRTC_SECONDS"):
         cache.get_cubin(src, ARCH, str(cache_dir), 1e-3)
@@ -284,6 +284,8 @@ def test_a_compile_past_its_time_limit_is_cancelled_and_remembered(cache_dir):
             cache.get_cubin(src, ARCH, str(cache_dir), limit)
         assert cache.stats().nvrtc_compiles == before  # (read from the disk: not compiled again)
     assert _compiled_again(src, cache_dir)  # (no limit)
+    cache.clear_memory()
+    assert cache.get_cubin(src, ARCH, str(cache_dir), 1e-3)[1]  # (compiled since: read, not refused)
 
 
 @needs_flow_callbacks

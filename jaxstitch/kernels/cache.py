@@ -160,7 +160,6 @@ def _load_or_compile(key: str, source: str, arch: str, cache_dir: str | None,
 
 def _load_or_compile_now(key: str, source: str, arch: str, cache_dir: str | None, seconds: float | None):
     path = _entry(cache_dir, key)
-    _raise_if_timed_out(key, path, cache_dir, seconds)
     found = _load(path, ".cubin", cache_dir)
     if found is not None:
         cubin, meta = found
@@ -171,6 +170,7 @@ def _load_or_compile_now(key: str, source: str, arch: str, cache_dir: str | None
             _CACHE.disk_hits += 1
             _CACHE.memory[key] = (cubin, res)
         return key, cubin, res
+    _raise_if_timed_out(key, path, cache_dir, seconds)  # (only where NVRTC would run)
     try:
         cubin, res = _timed(functools.partial(nvrtc.compile_cubin, seconds=seconds), source, arch)
     except nvrtc.CompileTimeout as e:
