@@ -3,7 +3,7 @@
 The model and optimizer state are replicated and each batch is split over a 1-D `data` mesh (a
 `NamedSharding`), so XLA's SPMD partitioner runs the train step on every GPU and sums the gradients
 with its collectives. jaxstitch's regions are planned again for each GPU's shard of the batch
-(spmd/). Runs the BERT (default) or GPT example's train step on 1 GPU and on N, from the same seed
+(integration/spmd/). Runs the BERT (default) or GPT example's train step on 1 GPU and on N, from the same seed
 and the same global batch, and prints step times, the speedup on each, the collectives in each
 compiled program and how far the losses are from the 1-GPU jax.jit run.
 

@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 import jaxstitch
-from jaxstitch.bench import count_collectives, count_kernels
+from jaxstitch.bench.runner import count_collectives, count_kernels
 
 GEMM = re.compile(r"__cublas|__cudnn|kind=kCustom|triton_gemm|cublas")
 
@@ -122,7 +122,7 @@ def loss_diff(losses, reference) -> float:
 
 
 # The examples compare our kernels' losses and step time with XLA's, so they run unguarded: the
-# guard (jaxstitch/guard.py) would run jax.jit's program where it measured ours slower.
+# guard (jaxstitch/integration/guard.py) would run jax.jit's program where it measured ours slower.
 UNGUARDED = functools.partial(jaxstitch.jit, guard=False)
 
 

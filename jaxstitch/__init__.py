@@ -1,18 +1,23 @@
 """jaxstitch: AStitch-style stitching of memory-bound JAX regions into single CUDA kernels.
 
 `jaxstitch.jit` works like `jax.jit`; `jaxstitch.explain` says what it stitched and why not.
+
+The package runs in pipeline order, each folder importing only those before it:
+core -> frontend -> graph -> plan -> lowering -> kernels -> driver -> integration, with the public
+API (`api`, `nnx`, `cache`, `targets`) on top and the benchmarks (`bench/`) beside it.
 """
 import logging as _logging
 
-from .api import disabled_checks, explain, jit  # noqa: F401
-from .kernels import ffi as _ffi
-from .families import build_stats  # noqa: F401
-from .kernels.cache import stats as cache_stats  # noqa: F401
 from . import cache  # noqa: F401  (jaxstitch.cache.clear(), .stats(), .directory())
-from . import transforms as _transforms  # noqa: F401  (the stitch primitive's grad / vmap rules)
-from .spmd import lowering as _spmd_lowering  # noqa: F401  (its lowering over several devices)
+from . import targets  # noqa: F401  (jaxstitch.targets.detect(), .get_target(), .TARGETS)
+from .api import disabled_checks, explain, jit  # noqa: F401
+from .integration import ffi as _ffi
+from .integration import jax_internals as _jax_internals
+from .integration import transforms as _transforms  # noqa: F401  (the stitch primitive's grad / vmap rules)
+from .integration.families import build_stats  # noqa: F401
+from .integration.spmd import lowering as _spmd_lowering  # noqa: F401  (its lowering over several devices)
+from .kernels.cache import stats as cache_stats  # noqa: F401
 from .targets import TARGETS, Target, get_target  # noqa: F401
-from . import jax_internals as _jax_internals
 
 __version__ = "0.1.0"
 _logging.getLogger("jaxstitch").addHandler(_logging.NullHandler())

@@ -11,10 +11,14 @@ from typing import Any, Callable
 
 import jax
 
-from . import build_times, config, fallback, families, guard as guard_mod, progress, report as report_mod, targets, \
-    trace as trace_mod
-from .kernels import cache, ffi, xla_kernel
-from .stitcher import Context, make_runner
+from .core import config, targets
+from .driver import fallback, progress
+from .driver import report as report_mod
+from .frontend import trace as trace_mod
+from .integration import devices, families, ffi, xla_compiles
+from .integration import guard as guard_mod
+from .integration.stitcher import Context, make_runner
+from .kernels import cache, xla_kernel
 
 
 def _check_fun(fun, who: str):
@@ -61,7 +65,7 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
     `donate_argnums`/`donate_argnames` (names and positions resolved through `fun`'s signature, so
     an argument passed by keyword is static or donated too; a donated buffer a kernel reads may be
     written over in place), `keep_unused`, `device`, `backend`, `inline`, `in_shardings` and
-    `out_shardings` (over several devices, each runs kernels planned for its shards: spmd/), and
+    `out_shardings` (over several devices, each runs kernels planned for its shards: integration/spmd/), and
     `compiler_options` (XLA debug options for this program, e.g.
     `{"xla_gpu_enable_command_buffer": ""}` to launch its kernels without CUDA graphs).
 
@@ -83,7 +87,7 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
     cfg = config.load()
     if cfg.disabled:
         return jax.jit(fun, **jit_kwargs)
-    from .kernels import availability  # (what is missing here, said once a process with its fix)
+    from .integration import availability  # (what is missing here, said once a process with its fix)
     tgt = availability.usable_target(tgt)
     if tgt is None:
         return jax.jit(fun, **jit_kwargs)
@@ -107,7 +111,7 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
                 g.on_trace(None)
             return fun(*args, **kwargs)
         if not families.is_symbolic(dyn):  # (jax.export lowers a family; XLA compiles it per shape later)
-            build_times.expect_xla_compile(progress.name_of(fun), stitched.__name__, program.times)
+            xla_compiles.expect_xla_compile(progress.name_of(fun), stitched.__name__, program.times)
         return jax.tree_util.tree_unflatten(program.traced.out_tree, outs)
 
     if not _guard_on(guard, cfg):
@@ -126,7 +130,7 @@ def _guard_on(guard, cfg: config.Config) -> bool:
         return bool(guard)
     if cfg.guard is not None:
         return cfg.guard
-    return targets.detect() is not None
+    return devices.detect() is not None
 
 
 # jax.jit's parameters whose default is a sentinel, or whose None it warns about: passed only if given.
@@ -208,7 +212,7 @@ def explain(fun: Callable, *args: Any, target=None, **kwargs: Any) -> report_mod
     given a `target`.
     """
     _check_fun(fun, "jaxstitch.explain")
-    tgt = _resolve_target(target, "jaxstitch.explain") or targets.detect()
+    tgt = _resolve_target(target, "jaxstitch.explain") or devices.detect()
     if tgt is None:
         raise ValueError("jaxstitch.explain: no CUDA GPU here; pass argument `target` (e.g. target='h100')")
     dyn, static, tree = _split_dynamic(args, kwargs)

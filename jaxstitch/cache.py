@@ -7,7 +7,7 @@ most JAXSTITCH_CACHE_MAX_MB; kernels/cache.py).
 """
 from __future__ import annotations
 
-from . import config
+from .core import config
 from .kernels import cache as _cache
 from .kernels.cache import Stats, stats  # noqa: F401
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxstitch  # noqa: E402
-from jaxstitch import workloads  # noqa: E402
+from jaxstitch.bench import workloads  # noqa: E402
 
 TOL = {"float32": 2e-5, "bfloat16": 2e-2, "float16": 5e-3}
 

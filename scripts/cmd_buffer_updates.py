@@ -26,7 +26,7 @@ def child(args):
     import jax
 
     import jaxstitch
-    from jaxstitch import bench
+    from jaxstitch.bench import runner as bench
     from example_models import load_example
 
     example, init, batches = load_example(args)

@@ -30,8 +30,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxstitch  # noqa: E402
-from jaxstitch import bench  # noqa: E402
-from jaxstitch.workloads import WORKLOADS  # noqa: E402
+from jaxstitch.bench import runner as bench  # noqa: E402
+from jaxstitch.bench.workloads import WORKLOADS  # noqa: E402
 
 HOST_BOUND = ("adamw_bert",)
 GPU_EVENTS = ("kernel", "gpu_memset", "gpu_memcpy")

@@ -17,7 +17,7 @@ import numpy as np
 
 import jaxstitch
 from jaxstitch.kernels import cache
-from jaxstitch.workloads import layernorm
+from jaxstitch.bench.workloads import layernorm
 
 HIDDEN = 768
 SHAPES = ((1, 1), (1, 128), (3, 77), (8, 128), (32, 384), (64, 512))

@@ -25,7 +25,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import jaxstitch  # noqa: E402
 from jaxstitch.lowering import codegen  # noqa: E402
-from jaxstitch.workloads import WORKLOADS  # noqa: E402
+from jaxstitch.bench.workloads import WORKLOADS  # noqa: E402
 
 EXAMPLES = ("bert_train", "gpt_train", "dien_train")
 

@@ -23,8 +23,9 @@ from device_time import GPU_EVENTS, gpu_events, span_us  # noqa: E402  (first: t
 import jax  # noqa: E402
 
 import jaxstitch  # noqa: E402
-from jaxstitch import bench  # noqa: E402
-from jaxstitch.targets import TARGETS, detect  # noqa: E402
+from jaxstitch.bench import runner as bench  # noqa: E402
+from jaxstitch.targets import TARGETS
+from jaxstitch.integration.devices import detect  # noqa: E402
 from example_models import load_example, model_arguments  # noqa: E402
 
 

@@ -12,7 +12,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxstitch  # noqa: E402
-from jaxstitch.workloads import WORKLOADS  # noqa: E402
+from jaxstitch.bench.workloads import WORKLOADS  # noqa: E402
 
 
 def main():

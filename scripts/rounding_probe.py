@@ -21,7 +21,7 @@ import numpy as np  # noqa: E402
 import jaxstitch  # noqa: E402
 from strategies import random_inputs  # noqa: E402
 from test_batched_products import bias_attention_grads, bias_specs  # noqa: E402
-from jaxstitch.workloads import WORKLOADS  # noqa: E402
+from jaxstitch.bench.workloads import WORKLOADS  # noqa: E402
 
 
 def case(name: str, seed: int):

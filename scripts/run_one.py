@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxstitch
-from jaxstitch.workloads import WORKLOADS
+from jaxstitch.bench.workloads import WORKLOADS
 
 name, dtype = sys.argv[1], getattr(jnp, sys.argv[2] if len(sys.argv) > 2 else "float32")
 w = WORKLOADS[name]

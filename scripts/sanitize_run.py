@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 import jaxstitch  # noqa: E402
-from jaxstitch.workloads import WORKLOADS  # noqa: E402
+from jaxstitch.bench.workloads import WORKLOADS  # noqa: E402
 from strategies import force_stitching, random_inputs  # noqa: E402
 from test_scans import CASES as SCAN_CASES  # noqa: E402
 from test_variadic import CASES as VARIADIC_CASES  # noqa: E402

@@ -1,7 +1,7 @@
 """GPU smoke test of jaxstitch's generic FFI launcher.
 
 Compiles small CUDA C kernels with NVRTC, launches them through
-``jaxstitch.kernels.ffi.launch`` inside ``jax.jit`` and checks the results:
+``jaxstitch.integration.ffi.launch`` inside ``jax.jit`` and checks the results:
 a plain launch, a cooperative launch whose kernel crosses a grid barrier, a
 driver error surfacing as a Python exception, a jax.export round trip, a module
 loaded lazily at execute (under CUDA-graph capture), an alternative kernel picked
@@ -176,7 +176,7 @@ def main():
 
     import jax
     import jax.numpy as jnp
-    from jaxstitch.kernels import ffi
+    from jaxstitch.integration import ffi
 
     ok, note = ffi.register()
     report(ok, "register", note or "")

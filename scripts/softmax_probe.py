@@ -19,7 +19,7 @@ sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests")]
 
 import jaxstitch  # noqa: E402
 from device_time import one_call  # noqa: E402
-from jaxstitch import bench  # noqa: E402
+from jaxstitch.bench import runner as bench  # noqa: E402
 from test_views import causal_softmax  # noqa: E402
 
 

@@ -37,7 +37,7 @@ if "--gpu-time" in sys.argv:  # torch's CUPTI profiler, imported before jax (the
 import jax  # noqa: E402
 
 import jaxstitch  # noqa: E402
-from jaxstitch import bench  # noqa: E402
+from jaxstitch.bench import runner as bench  # noqa: E402
 import train_harness  # noqa: E402
 from example_models import load_example, model_arguments  # noqa: E402
 

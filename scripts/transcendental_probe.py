@@ -17,8 +17,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import jaxstitch  # noqa: E402
-from jaxstitch import bench  # noqa: E402
-from jaxstitch.workloads import fig7_chain  # noqa: E402
+from jaxstitch.bench import runner as bench  # noqa: E402
+from jaxstitch.bench.workloads import fig7_chain  # noqa: E402
 
 F32 = jnp.float32
 

@@ -21,7 +21,7 @@ For each model and dtype, in one process:
   * GPU time a step from CUPTI (torch's profiler, scripts/device_time.py) over a round: the span and
     the busy time split into matrix products (cuBLAS / cuDNN / CUTLASS / nvjet kernels), our stitched
     kernels (`jaxstitch_kernel`) and XLA's other kernels (its memory-bound fusions, copies, reductions);
-  * the memory-bound kernels against the roofline at the target's bandwidth (jaxstitch/targets.py):
+  * the memory-bound kernels against the roofline at the target's bandwidth (jaxstitch/core/targets.py):
     ours against the must-move bytes the plan estimates for its stitched regions (`explain`'s
     est_bytes; regions inside loop bodies, which run once an iteration, are left out and counted);
     XLA's other kernels against the bytes their operands and results name in the optimized HLO (a
@@ -63,7 +63,8 @@ if __name__ == "__main__" and not {"--target", "--table"} & set(sys.argv):
 import jax  # noqa: E402
 
 import jaxstitch  # noqa: E402
-from jaxstitch.targets import detect, get_target  # noqa: E402
+from jaxstitch.integration.devices import detect
+from jaxstitch.targets import get_target  # noqa: E402
 import zoo  # noqa: E402
 from zoo import common  # noqa: E402
 import train_harness  # noqa: E402
@@ -161,7 +162,7 @@ def _operands(rest: str) -> str:
 
 def hlo_kernel_bytes(hlo: str) -> dict[str, list[int]]:
     """{'matrix' | 'ours' | 'xla': [kernels, bytes of their operands and results]} over the kernels
-    an optimized HLO module launches (as jaxstitch.bench.count_kernels walks it: fusions and
+    an optimized HLO module launches (as jaxstitch.bench.runner.count_kernels walks it: fusions and
     custom calls from ENTRY, through calls, command buffers and loop bodies, each body once)."""
     comps = _instructions(hlo)
     out = {"matrix": [0, 0], "ours": [0, 0], "xla": [0, 0]}

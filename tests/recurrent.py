@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jaxstitch.workloads import dien_gru
+from jaxstitch.bench.workloads import dien_gru
 
 
 # DIEN's GRU over time: the input projection `gx` [T, B, 3H] made outside, the recurrent product and

@@ -10,7 +10,9 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from jaxstitch import ir, partition, trace as trace_mod
+from jaxstitch.core import ir
+from jaxstitch.graph import partition
+from jaxstitch.frontend import trace as trace_mod
 from jaxstitch.plan import scan as S
 
 

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import strategies as st
 
-from jaxstitch.workloads import top1_pair
+from jaxstitch.bench.workloads import top1_pair
 
 SIZES = (1, 3, 7, 17, 33, 100, 128, 257, 1000, 1024, 4096)
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
@@ -629,13 +629,13 @@ def force_stitching(where=None):
 
     Random graphs are mostly small one-pass regions that the cost model (rightly) leaves to XLA; forcing
     them through codegen, the stitcher's rebuild and (on a GPU) our kernels is what tests those parts.
-    Patches `jaxstitch.pipeline.plan_region`, the planner entry the pipeline calls, and
+    Patches `jaxstitch.driver.pipeline.plan_region`, the planner entry the pipeline calls, and
     `pipeline.MIN_RESIDENT_WARPS`."""
-    from jaxstitch import pipeline
+    from jaxstitch.driver import pipeline
 
     original = getattr(pipeline, "plan_region", None)
     if original is None:
-        raise AssertionError("jaxstitch.pipeline.plan_region is gone: update tests/strategies.force_stitching")
+        raise AssertionError("jaxstitch.driver.pipeline.plan_region is gone: update tests/strategies.force_stitching")
 
     def plan_without_cost_veto(*args, **kwargs):
         plan = original(*args, **kwargs)
@@ -645,7 +645,7 @@ def force_stitching(where=None):
 
     # (the veto on kernels with too few resident warps, taken after NVRTC, is the cost model's too,
     # as is a shape family's row count below which XLA runs the region)
-    from jaxstitch import families
+    from jaxstitch.integration import families
     min_warps, xla_below = pipeline.MIN_RESIDENT_WARPS, families._xla_below
     pipeline.plan_region, pipeline.MIN_RESIDENT_WARPS = plan_without_cost_veto, 0
     families._xla_below = lambda *args: 0
@@ -668,7 +668,8 @@ def assert_same_as_jax_jit(fun, args):
 def traced_values(traced, args, bind=None) -> dict:
     """Every value of a traced program (trace.trace) on `args`, by id: each equation bound again,
     with XLA (or `bind(eqn, inputs)`, a stand-in for some of them)."""
-    from jaxstitch import ir, trace as trace_mod
+    from jaxstitch.core import ir
+    from jaxstitch.frontend import trace as trace_mod
 
     bind = bind or trace_mod.bind_eqn
     env = dict(traced.consts)

@@ -20,7 +20,10 @@ import pytest
 from jax import lax
 
 import jaxstitch
-from jaxstitch import config, fp_conversions, pinned_values, pipeline, predicate_products, trace as trace_mod
+from jaxstitch.core import config
+from jaxstitch.frontend import fp_conversions, predicate_products, trace as trace_mod
+from jaxstitch.graph import pinned_values
+from jaxstitch.driver import pipeline
 
 S = jax.ShapeDtypeStruct
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import batched_products, merged_products, trace
+from jaxstitch.frontend import batched_products, merged_products, trace
 from strategies import random_inputs
 
 S = jax.ShapeDtypeStruct

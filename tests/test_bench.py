@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxstitch import bench
-from jaxstitch.workloads import WORKLOADS, workload_names
+from jaxstitch.bench import runner as bench
+from jaxstitch.bench.workloads import WORKLOADS, workload_names
 
 REPO = Path(__file__).resolve().parents[1]
 

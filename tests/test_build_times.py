@@ -14,11 +14,12 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import build_times
-from jaxstitch.build_times import STAGES, BuildTimes
+from jaxstitch.driver import build_times
+from jaxstitch.integration import xla_compiles
+from jaxstitch.driver.build_times import STAGES, BuildTimes
 from jaxstitch.kernels import nvrtc
-from jaxstitch.report import WIDTH, Report
-from jaxstitch.workloads import layernorm_fwdbwd
+from jaxstitch.driver.report import WIDTH, Report
+from jaxstitch.bench.workloads import layernorm_fwdbwd
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed")
 S = jax.ShapeDtypeStruct
@@ -98,7 +99,7 @@ def test_jit_logs_xla_compile_of_the_rebuilt_program(caplog):
     assert len(lines) == 1, lines
     assert re.fullmatch(r"jaxstitch: scaled_softmax compiled by XLA in [\d.]+ s \(our build [\d.]+ s: "
                         r"trace [\d.]+ s, partition [\d.]+ s, plan [\d.]+ s, NVRTC wait [\d.]+ s.*\)", lines[0]), lines
-    record = build_times.compiles()[-1]
+    record = xla_compiles.compiles()[-1]
     assert record.name == "scaled_softmax" and record.module == "jit(scaled_softmax)", record
     assert record.seconds > 0 and isinstance(record.build, BuildTimes)
     _adds_up(record.build)
@@ -108,10 +109,10 @@ def test_an_enclosing_jit_takes_no_record():
     """Stitched inside another jax.jit, the compile that follows is the enclosing program's: not
     recorded as ours (nor left waiting for a later compile)."""
     inner = jaxstitch.jit(scaled_softmax, target="h100")
-    before = len(build_times.compiles())
+    before = len(xla_compiles.compiles())
     jax.jit(lambda x, w: inner(x, w) + 1.0)(jnp.ones((8, 128)), jnp.ones((128,)))
     jax.jit(lambda x: x * 3.0)(jnp.ones((8, 128)))  # (a later, unrelated compile)
-    assert len(build_times.compiles()) == before
+    assert len(xla_compiles.compiles()) == before
 
 
 def test_family_compiles_per_shape_are_counted():
@@ -123,7 +124,7 @@ def test_family_compiles_per_shape_are_counted():
         S((b, 512), jnp.float32), S((512,), jnp.float32))
     call = jax.jit(exported.call)
     w = jnp.ones((512,), jnp.float32)
-    with build_times.xla_compiling() as seen:
+    with xla_compiles.xla_compiling() as seen:
         for rows in (3, 5, 5):
             call(jnp.ones((rows, 512), jnp.float32), w)
     ours = [(m, s) for m, s in seen if m == "jit(call)"]
@@ -134,7 +135,10 @@ def test_family_compiles_per_shape_are_counted():
 def test_a_region_is_planned_once_where_its_first_kernel_holds(monkeypatch):
     """prefetch's plan and source are compile_region's first try: a region whose first kernel
     compiles without spilling is planned and rendered once (partition's checks aside)."""
-    from jaxstitch import config, families, pipeline, trace as trace_mod
+    from jaxstitch.core import config
+    from jaxstitch.integration import families
+    from jaxstitch.driver import pipeline
+    from jaxstitch.frontend import trace as trace_mod
     from jaxstitch.lowering import codegen
 
     planned, rendered = [], []

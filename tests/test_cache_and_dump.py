@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import pytest
 
 import jaxstitch
-from jaxstitch import progress
+from jaxstitch.driver import progress
 from jaxstitch.kernels import cache, nvrtc
-from jaxstitch.workloads import softmax_fwdbwd
+from jaxstitch.bench.workloads import softmax_fwdbwd
 
 pytestmark = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed")
 S = jax.ShapeDtypeStruct
@@ -236,12 +236,12 @@ def test_no_bound_where_the_bound_is_zero(cache_dir, monkeypatch):
 
 def test_the_bound_reads_its_environment_variable(monkeypatch):
     monkeypatch.delenv("JAXSTITCH_CACHE_MAX_MB", raising=False)
-    assert jaxstitch.config.load().cache_max_bytes == 1 << 30
+    assert jaxstitch.core.config.load().cache_max_bytes == 1 << 30
     monkeypatch.setenv("JAXSTITCH_CACHE_MAX_MB", "2.5")
-    assert jaxstitch.config.load().cache_max_bytes == int(2.5 * (1 << 20))
+    assert jaxstitch.core.config.load().cache_max_bytes == int(2.5 * (1 << 20))
     monkeypatch.setenv("JAXSTITCH_CACHE_MAX_MB", "lots")
     with pytest.raises(ValueError, match="JAXSTITCH_CACHE_MAX_MB"):
-        jaxstitch.config.load()
+        jaxstitch.core.config.load()
 
 
 def test_cache_clear_empties_memory_and_disk(cache_dir):
@@ -298,7 +298,7 @@ def test_a_region_whose_compile_times_out_is_left_to_xla_with_the_reason(cache_d
 
 
 def test_a_kernel_longer_than_nvrtc_compiles_quickly_is_not_compiled(cache_dir, monkeypatch):
-    from jaxstitch import pipeline
+    from jaxstitch.driver import pipeline
 
     monkeypatch.setattr(pipeline, "MAX_SOURCE_LINES", 50)
     before = cache.stats().nvrtc_compiles
@@ -309,13 +309,13 @@ def test_a_kernel_longer_than_nvrtc_compiles_quickly_is_not_compiled(cache_dir, 
 
 def test_the_time_limit_reads_its_environment_variable(monkeypatch):
     monkeypatch.delenv("JAXSTITCH_NVRTC_SECONDS", raising=False)
-    assert jaxstitch.config.load().nvrtc_seconds == 30.0
+    assert jaxstitch.core.config.load().nvrtc_seconds == 30.0
     monkeypatch.setenv("JAXSTITCH_NVRTC_SECONDS", "0")
-    assert jaxstitch.config.load().nvrtc_seconds == 0.0
+    assert jaxstitch.core.config.load().nvrtc_seconds == 0.0
     for bad in ("soon", "-1"):
         monkeypatch.setenv("JAXSTITCH_NVRTC_SECONDS", bad)
         with pytest.raises(ValueError, match="JAXSTITCH_NVRTC_SECONDS"):
-            jaxstitch.config.load()
+            jaxstitch.core.config.load()
 
 
 # ------------------------------------------------------------------------------------------------

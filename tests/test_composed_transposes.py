@@ -1,4 +1,4 @@
-"""Transposes of transposes composed in the trace (jaxstitch/composed_transposes.py), as XLA's
+"""Transposes of transposes composed in the trace (jaxstitch/frontend/composed_transposes.py), as XLA's
 simplifier composes them: the pair that undoes itself vanishes, another reads the first operand once,
 and every program computes what jax.jit computes."""
 import jax

@@ -5,9 +5,11 @@ import jax.numpy as jnp
 import pytest
 
 import jaxstitch
-from jaxstitch import partition as partition_mod, pipeline, trace as trace_mod
+from jaxstitch.graph import partition as partition_mod
+from jaxstitch.driver import pipeline
+from jaxstitch.frontend import trace as trace_mod
 from jaxstitch.plan import diamonds
-from jaxstitch.workloads import causal_softmax_bwd  # GPT's: masked again and scaled
+from jaxstitch.bench.workloads import causal_softmax_bwd  # GPT's: masked again and scaled
 from test_views import causal_softmax
 
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import fallback, families, pipeline
+from jaxstitch.driver import fallback, pipeline
+from jaxstitch.integration import families
 from jaxstitch.kernels import cache, nvrtc
 
 

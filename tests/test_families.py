@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import workloads
+from jaxstitch.bench import workloads
 from jaxstitch.kernels import cache
 from strategies import force_stitching
 
@@ -174,8 +174,8 @@ def test_a_symbolic_trace_at_a_size_is_that_sizes_trace():
     shapes and params of the program traced at that size (families.py plans it instead of tracing
     the function again)."""
     import functools
-    from jaxstitch import trace
-    from jaxstitch.families import _size
+    from jaxstitch.frontend import trace
+    from jaxstitch.integration.families import _size
     b, s = jax.export.symbolic_shape("b, s")
 
     def signature(traced):
@@ -212,7 +212,7 @@ def test_a_size_read_as_a_value_is_read_at_run_time(fresh_cache):
 
 
 def test_symbolic_sizes_evaluate_like_jax():
-    from jaxstitch.families import _size
+    from jaxstitch.integration.families import _size
     b, s = jax.export.symbolic_shape("b, s")
     for d, want in ((b, 7), (2 * b + 1, 15), (b * s, 49), (b // 2, 3), (b % 3, 1), (7, 7)):
         assert _size(d, 7) == want, d
@@ -256,7 +256,7 @@ def test_export_from_cpu_for_cuda_carries_the_cubin(fresh_cache):
 def test_warm_start_runs_nvrtc_zero_times(tmp_path):
     script = textwrap.dedent("""
         import jax, jax.numpy as jnp, jaxstitch
-        from jaxstitch import workloads
+        from jaxstitch.bench import workloads
         w = workloads.WORKLOADS["softmax_fwdbwd_short"]
         args = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in w.make_inputs(jax.random.key(0), jnp.float32, True)]
         rep = jaxstitch.explain(w.fn, *args, target="h100")
@@ -304,7 +304,7 @@ def test_rows_go_to_the_rung_whose_busiest_sm_reads_least():
     first row count no rung takes."""
     from types import SimpleNamespace
 
-    from jaxstitch.families import Rung, _rows_to_rungs
+    from jaxstitch.integration.families import Rung, _rows_to_rungs
     from jaxstitch.targets import get_target
     h100, m = get_target("h100"), SimpleNamespace(n_cols=262144, vec=4)
     four, three, seven, seven_whole = (Rung(4, 1, 33, "4"), Rung(3, 1, 44, "3"), Rung(7, 2, 37, "7x2"),

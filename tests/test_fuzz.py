@@ -109,8 +109,8 @@ def test_programs_found_on_the_gpu_store_every_output(k):
 
 def test_a_kernel_that_stores_an_output_nowhere_is_refused():
     from jaxstitch.lowering import codegen
-    from jaxstitch.partition import Region
-    from jaxstitch import ir
+    from jaxstitch.graph.partition import Region
+    from jaxstitch.core import ir
 
     out = ir.Value(1, (4,), "float32")
     source = codegen.Source('extern "C" __global__ void k(const float* in0, float* out0) { }', "k", ())

@@ -24,9 +24,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import jaxstitch
-from jaxstitch.kernels import ffi, xla_kernel
-from jaxstitch.ops import ELEMENTWISE, VIEWS
-from jaxstitch.workloads import WORKLOADS, causal_softmax_bwd
+from jaxstitch.integration import ffi
+from jaxstitch.kernels import xla_kernel
+from jaxstitch.core.ops import ELEMENTWISE, VIEWS
+from jaxstitch.bench.workloads import WORKLOADS, causal_softmax_bwd
 from hypothesis import event
 
 from strategies import coarser, force_stitching, random_inputs, region_graphs
@@ -48,9 +49,9 @@ from test_batched_products import bias_attention_grads, bias_specs, rotary_atten
 from test_recompute import (RESIDUAL_SPECS, SHARED_SPECS, SLICED_SPECS, SPECS as RECOMPUTE_SPECS,
                             halves_across_a_dot, norm_across_a_dot, readers_left_to_xla,
                             residual_norm_across_a_dot, shared_leaf_across_a_dot)
-from jaxstitch.ops import VARIADIC
-from jaxstitch.ops import SCANS
-from jaxstitch.workloads import TOP_P
+from jaxstitch.core.ops import VARIADIC
+from jaxstitch.core.ops import SCANS
+from jaxstitch.bench.workloads import TOP_P
 
 pytestmark = pytest.mark.gpu
 # Kernel outputs are filled with NaN bytes before every launch, so an element a kernel never writes
@@ -324,7 +325,7 @@ def test_stage_rings_match_xla(monkeypatch, name, dtype, shape, stages):
 @pytest.mark.parametrize("name", ["softmax_fwdbwd", "adamw_bert", "dien_attention_fwdbwd", "layernorm_fwdbwd"])
 def test_launches_outside_command_buffers_match_xla(monkeypatch, name):
     """JAXSTITCH_TUNE=cmd_buffers=0: the same kernels launched through the handler registered
-    without XLA's command-buffer trait (kernels/ffi.py TARGET_PLAIN): a row, a remote, a tile and
+    without XLA's command-buffer trait (integration/ffi.py TARGET_PLAIN): a row, a remote, a tile and
     a grid-barrier kernel (layernorm's dgamma and dbeta beside dx) give jax.jit's results, and the
     compiled program calls only that target."""
     monkeypatch.setenv("JAXSTITCH_TUNE", "cmd_buffers=0")
@@ -547,7 +548,7 @@ def test_updates_written_over_donated_state_match_xla(monkeypatch):
     """With the state donated (and no poisoning, which would fill it), the remote kernel writes each
     update over the state it read: its results against jax.jit's, and no more launches than
     without donation (XLA would otherwise copy each result into its donated buffer)."""
-    from jaxstitch.bench import count_kernels
+    from jaxstitch.bench.runner import count_kernels
 
     monkeypatch.setenv("JAXSTITCH_POISON", "0")
     seed = (RUN_SEED + zlib.crc32(b"donated-adam")) % (1 << 63)
@@ -917,7 +918,7 @@ MASKED = {"dropout", "two_dropouts"}
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", sorted(PRNG_CASES))
 def test_random_bits_match_xla(name, dtype):
-    """Threefry bits drawn inside stitched kernels (jaxstitch/prng.py), forced, against jax.jit:
+    """Threefry bits drawn inside stitched kernels (jaxstitch/frontend/prng.py), forced, against jax.jit:
     integer outputs bit for bit, every dropout mask (where the output is zero) exactly, floats
     within the tolerance; shifts by 0..63 and bitcasts as XLA defines them."""
     fun, specs = PRNG_CASES[name]
@@ -1140,7 +1141,7 @@ def test_prefix_copies_match_xla(name, dtype):
     what = _msg(f"prefix {name} {dtype}", seed)
     tree = jax.tree_util.tree_structure((tuple(specs), {}))
     with force_stitching():
-        program = jaxstitch.pipeline.build(fun, list(specs), tree, jaxstitch.targets.detect(), jaxstitch.config.load())
+        program = jaxstitch.driver.pipeline.build(fun, list(specs), tree, jaxstitch.targets.detect(), jaxstitch.core.config.load())
         assert any(c.stitched and c.plan.kernel.prefixes for c in program.regions), what
         _, got = run_stitched(fun, args, what)
     compare(got, jax.block_until_ready(jax.jit(fun)(*args)), what)
@@ -1154,7 +1155,7 @@ MASK_CASES = dict(POSITIONAL_CASES, attention_grad=(causal_attention_grad, (jax.
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", sorted(MASK_CASES))
 def test_masks_from_positions_match_xla(name, dtype):
-    """Causal and sliding-window masks rebuilt at the scores' shape (plan/positions.py), forward and
+    """Causal and sliding-window masks rebuilt at the scores' shape (graph/positions.py), forward and
     (through attention's gradient) backward, forced, against jax.jit."""
     fun, specs = MASK_CASES[name]
     # (attention's products in float32 on both sides: at the default TF32 a last-bit difference of

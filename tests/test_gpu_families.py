@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import workloads
+from jaxstitch.bench import workloads
 from jaxstitch.kernels import cache
 from strategies import force_stitching
 from test_families import H, NO_CHECK, block, scaled_by_batch, specs, token_stats
@@ -140,7 +140,7 @@ _WARM = textwrap.dedent("""
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     import jaxstitch
-    from jaxstitch import workloads
+    from jaxstitch.bench import workloads
     w = workloads.WORKLOADS["layernorm_fwdbwd_short"]
     args = w.make_inputs(jax.random.key(3), jax.numpy.float32, True)
     got, want = jaxstitch.jit(w.fn)(*args), jax.jit(w.fn)(*args)

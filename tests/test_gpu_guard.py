@@ -1,4 +1,4 @@
-"""The program guard on a GPU (jaxstitch/guard.py): it keeps a stitched program that is faster than
+"""The program guard on a GPU (jaxstitch/integration/guard.py): it keeps a stitched program that is faster than
 jax.jit's and replaces one that is slower, and either way the results are jax.jit's within the
 tolerances, on fresh inputs with our outputs poisoned."""
 import jax
@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import pytest
 
 import jaxstitch
-from jaxstitch import guard
-from jaxstitch.workloads import WORKLOADS
+from jaxstitch.integration import guard
+from jaxstitch.bench.workloads import WORKLOADS
 from strategies import force_stitching
 from test_gpu_correctness import compare
 

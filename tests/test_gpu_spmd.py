@@ -15,9 +15,9 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jaxstitch
-from jaxstitch.bench import count_collectives
-from jaxstitch.kernels import ffi
-from jaxstitch.workloads import cross_entropy, layernorm, softmax_fwdbwd
+from jaxstitch.bench.runner import count_collectives
+from jaxstitch.integration import ffi
+from jaxstitch.bench.workloads import cross_entropy, layernorm, softmax_fwdbwd
 from strategies import force_stitching
 from test_gpu_correctness import compare
 

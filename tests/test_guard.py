@@ -1,4 +1,4 @@
-"""The program guard (jaxstitch/guard.py) on the CPU: what it measures, what it keeps, and where it
+"""The program guard (jaxstitch/integration/guard.py) on the CPU: what it measures, what it keeps, and where it
 stays out of the way. Planned for an H200, the stitched regions run through XLA here, so the two
 programs' speeds are XLA's both; `_timed_call` is replaced where a test needs one to lose."""
 import gc
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import guard
+from jaxstitch.integration import guard
 from strategies import force_stitching
 
 

@@ -1,5 +1,5 @@
 """CPU checks of how jaxstitch installs and says what it lacks: the packages setup.py ships are every
-package under jaxstitch/, the CUDA extras name what kernels/availability.py recommends, and each
+package under jaxstitch/, the CUDA extras name what integration/availability.py recommends, and each
 missing piece (a CUDA jaxlib on a GPU machine, the launcher, NVRTC) is one warning a process with the
 command that fixes it. The machine's state is monkeypatched, so these fail here if the checks break."""
 import logging
@@ -14,7 +14,8 @@ import pytest
 
 import jaxstitch
 from jaxstitch import targets
-from jaxstitch.kernels import availability, nvrtc
+from jaxstitch.integration import availability, devices
+from jaxstitch.kernels import nvrtc
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -30,7 +31,7 @@ def test_setup_ships_every_package_under_jaxstitch(monkeypatch):
     monkeypatch.chdir(ROOT)
     dist = run_setup("setup.py", stop_after="config")
     assert set(dist.packages) == _package_dirs() | {"jaxstitch.csrc_templates"}
-    assert {"jaxstitch.spmd", "jaxstitch.kernels", "jaxstitch.plan"} <= set(dist.packages)
+    assert {"jaxstitch.integration.spmd", "jaxstitch.kernels", "jaxstitch.plan"} <= set(dist.packages)
     assert dist.package_dir["jaxstitch.csrc_templates"] == "csrc_templates"
     assert set(dist.package_data["jaxstitch.csrc_templates"]) >= {"*.cu", "*.cuh"}
 
@@ -67,7 +68,7 @@ def machine(monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="jaxstitch")
     state = dict(gpu=True, seen=None, plugin=None, driver=580)
     monkeypatch.setattr(availability, "nvidia_gpu_present", lambda: state["gpu"])
-    monkeypatch.setattr(targets, "detect", lambda: state["seen"])
+    monkeypatch.setattr(devices, "detect", lambda: state["seen"])
     monkeypatch.setattr(availability, "jax_cuda_plugin", lambda: state["plugin"])
     monkeypatch.setattr(availability, "driver_version", lambda: state["driver"])
     return state

@@ -16,6 +16,7 @@ import pytest
 
 import jaxstitch
 from jaxstitch import targets
+from jaxstitch.integration import devices
 from jaxstitch.api import _argnums_and_names, _donated_positions
 
 TARGET = "h100"
@@ -239,7 +240,7 @@ def test_detect_maps_real_device_kinds(monkeypatch):
                        ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA GH200 480GB", "h200"),
                        ("NVIDIA H800", "NVIDIA H800")]:
         monkeypatch.setattr(jax, "devices", lambda backend=None, kind=kind: [Gpu(kind)])
-        assert targets.detect().name == want
+        assert devices.detect().name == want
 
 
 def test_an_unknown_gpu_plans_with_the_h100s_numbers_and_says_so(monkeypatch, caplog):
@@ -247,9 +248,9 @@ def test_an_unknown_gpu_plans_with_the_h100s_numbers_and_says_so(monkeypatch, ca
         platform, compute_capability, core_count, device_kind = "gpu", "10.0", 148, "NVIDIA B200"
 
     monkeypatch.setattr(jax, "devices", lambda backend=None: [Gpu()])
-    monkeypatch.setattr(targets, "_WARNED", set())
+    monkeypatch.setattr(devices, "_WARNED", set())
     with caplog.at_level("WARNING", logger="jaxstitch"):
-        first, again = targets.detect(), targets.detect()
+        first, again = devices.detect(), devices.detect()
     assert (first.arch, first.sm_count) == ("sm_100", 148) and first == again
     assert "NVIDIA B200" in first.calibration.source
     assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxstitch.kernels import ffi
+from jaxstitch.integration import ffi
 
 SO_PATH = ffi._find_library()
 needs_so = pytest.mark.skipif(
@@ -78,7 +78,7 @@ def test_a_program_picks_the_command_buffer_registration(monkeypatch, spec, targ
     JAXSTITCH_TUNE=cmd_buffers=0 to the same handler registered without that trait (launched
     between them): lowered for CUDA from this CPU machine, every launch names the one asked for."""
     import jaxstitch
-    from jaxstitch import workloads
+    from jaxstitch.bench import workloads
     monkeypatch.setenv("JAXSTITCH_TUNE", spec)
     spec_ = jax.ShapeDtypeStruct((4096, 1024), jnp.float32)
     f = jaxstitch.jit(workloads.softmax_fwdbwd, target="h100")

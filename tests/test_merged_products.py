@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import merged_products
+from jaxstitch.frontend import merged_products
 from strategies import force_stitching, random_inputs
 from test_recompute import _program
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from jaxstitch.partition import Nodes
+from jaxstitch.graph.partition import Nodes
 
 
 def _walk(nodes: Nodes, starts, target) -> bool:

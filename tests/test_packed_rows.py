@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxstitch
-from jaxstitch.workloads import WORKLOADS, moe_router, top1_pair
+from jaxstitch.bench.workloads import WORKLOADS, moe_router, top1_pair
 from test_variadic import argmax_with_value, argmin_with_value
 
 sds = jax.ShapeDtypeStruct

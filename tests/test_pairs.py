@@ -20,7 +20,7 @@ from jaxstitch.lowering import codegen
 from jaxstitch.lowering.kernel import vec_col_definition
 from jaxstitch.plan import pairs, planner, views
 from jaxstitch.plan.layout import PAIR_HALF, PAIR_SWAP, place
-from jaxstitch.plan.mapping import Tuning
+from jaxstitch.core.config import Tuning
 from strategies import traced_values
 from test_views import CASES as VIEW_CASES, _evaluate_sunk, _new_op, _random, _traced, rope
 
@@ -194,7 +194,7 @@ def test_rows_too_long_to_hold_are_planned_unpaired():
 def test_a_spilling_paired_kernel_is_planned_with_half_the_elements():
     """The RMS norm + rotary fwd+bwd in bfloat16 spills at 16 elements a thread under its register
     cap; it is planned again at 8 (vectors of 4) instead of lifting the cap."""
-    from jaxstitch import workloads
+    from jaxstitch.bench import workloads
     w = workloads.WORKLOADS["rmsnorm_rope_fwdbwd"]
     args = jax.eval_shape(lambda k: w.make_inputs(k, jnp.bfloat16, False), jax.random.key(0))
     report = jaxstitch.explain(w.fn, *args, target="h200")

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import partition, trace as trace_mod
+from jaxstitch.graph import partition
+from jaxstitch.frontend import trace as trace_mod
 from jaxstitch.kernels import nvrtc
 from jaxstitch.lowering import codegen
 from jaxstitch.plan import scan as S

@@ -25,12 +25,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import jaxstitch
-from jaxstitch import config, pipeline
+from jaxstitch.core import config
+from jaxstitch.driver import pipeline
 from jaxstitch.kernels import cache, nvrtc
 from jaxstitch.plan import planner
-from jaxstitch.plan.mapping import Tuning, stash_slot_bytes
-from jaxstitch.report import make_report
-from jaxstitch.workloads import WORKLOADS, layernorm_fwdbwd, softmax_fwdbwd, xent_fwdbwd
+from jaxstitch.core.config import Tuning
+from jaxstitch.plan.mapping import stash_slot_bytes
+from jaxstitch.driver.report import make_report
+from jaxstitch.bench.workloads import WORKLOADS, layernorm_fwdbwd, softmax_fwdbwd, xent_fwdbwd
 from strategies import assert_same_as_jax_jit, force_stitching, random_inputs, region_graphs
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -204,9 +206,9 @@ def test_a_mask_the_size_of_the_rows_is_not_read_as_one_value_per_row():
     but it varies along the columns: a row-space plan would read element r of it for row r. The
     row plan refuses it; the region is planned as tiles of the (B*H, S*S) view, where the mask is
     one value per column."""
-    from jaxstitch.partition import partition
+    from jaxstitch.graph.partition import partition
     from jaxstitch.plan.layout import Unplannable, place
-    from jaxstitch import trace as trace_mod
+    from jaxstitch.frontend import trace as trace_mod
 
     specs = [jax.ShapeDtypeStruct((8, 4, 32, 32), jnp.float32), jax.ShapeDtypeStruct((1, 1, 32, 32), jnp.float32)]
     traced = trace_mod.trace(masked_softmax, specs, trace_mod.positional_tree(specs))
@@ -314,7 +316,7 @@ def test_an_update_of_a_column_sum_is_one_region_with_its_state():
 def test_updates_are_planned_in_place_of_their_state():
     """Each update's outputs are written over the inputs they are computed from, program inputs first
     (the donated state: m over m, v over v, b over b), not over the column sums that are one op closer."""
-    from jaxstitch.stitcher import _aliases
+    from jaxstitch.integration.stitcher import _aliases
 
     specs = [S((1000, 777), jnp.float32)] + [S((777,), jnp.float32)] * 6
     program = _program(bias_grads_then_adam, specs)
@@ -574,7 +576,7 @@ def test_chunked_rows_keep_two_or_more_rows_per_sm(dtype, mapping, rows_per_sm):
 def test_rows_streamed_once_take_four_warps(dtype, monkeypatch):
     """A per-token log-probability reads each row of 32k once, in chunks, stashing nothing: four
     warps a row (mapping.ONE_PASS_TPR), several rows a block; an explicit max_tpr overrides."""
-    from jaxstitch import workloads
+    from jaxstitch.bench import workloads
     w = workloads.WORKLOADS["token_logprob"]
     args = jax.eval_shape(lambda k: w.draw(k, jnp.dtype(dtype), 4096, 32000), jax.random.key(0))
     (r,) = explain(w.fn, *args, target="h200").regions
@@ -931,7 +933,7 @@ def test_workloads_match_jax_jit(name, dtype):
 
 
 def test_grad_and_vmap_of_stitched_function():
-    from jaxstitch.workloads import layernorm
+    from jaxstitch.bench.workloads import layernorm
 
     rng = np.random.default_rng(0)
     x = jnp.asarray(rng.standard_normal((64, 256)), jnp.float32)
@@ -952,7 +954,7 @@ def test_grad_and_vmap_of_stitched_function():
 
 
 def _softmax_layernorm_loss(x, g, b):
-    from jaxstitch.workloads import layernorm, softmax
+    from jaxstitch.bench.workloads import layernorm, softmax
     return jnp.sum(softmax(layernorm(x, g, b)) ** 2)
 
 
@@ -1211,7 +1213,7 @@ _CACHE_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp
     import jaxstitch
     from jaxstitch.kernels import cache
-    from jaxstitch.workloads import layernorm_fwdbwd
+    from jaxstitch.bench.workloads import layernorm_fwdbwd
     x = jax.ShapeDtypeStruct((2048, 1024), jnp.bfloat16)
     g = jax.ShapeDtypeStruct((1024,), jnp.bfloat16)
     report = jaxstitch.explain(layernorm_fwdbwd, x, g, g, x, target="h100")
@@ -1471,8 +1473,9 @@ def test_repeated_layers_share_a_structure_and_its_answer(monkeypatch):
     """Two layernorms of the same shape around a matrix product are regions with other value ids
     but one structure (partition.structure), so whether they fit one kernel is planned once; another
     shape, or a literal of another sign, makes another structure."""
-    from jaxstitch import ir, trace as trace_mod
-    from jaxstitch.partition import partition, structure
+    from jaxstitch.core import ir
+    from jaxstitch.frontend import trace as trace_mod
+    from jaxstitch.graph.partition import partition, structure
 
     def layernorm(x):
         m = x.mean(-1, keepdims=True)

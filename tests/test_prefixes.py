@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import config, pipeline
+from jaxstitch.core import config
+from jaxstitch.driver import pipeline
 from jaxstitch.lowering import codegen
 from jaxstitch.plan.prefixes import Prefix
 from strategies import force_stitching, random_inputs

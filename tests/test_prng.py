@@ -1,4 +1,4 @@
-"""Dropout's random bits inside regions (jaxstitch/prng.py), on the CPU: the written-out threefry
+"""Dropout's random bits inside regions (jaxstitch/frontend/prng.py), on the CPU: the written-out threefry
 draws jax.random's bits exactly, it is used only where that is known, and regions holding it, its
 uint32 ops, shifts and bitcasts plan and compile. The GPU test (test_gpu_correctness) runs CASES."""
 from __future__ import annotations
@@ -10,9 +10,10 @@ import pytest
 from jax import lax
 
 import jaxstitch
-from jaxstitch import ir, ops as opdefs, prng, trace as trace_mod
+from jaxstitch.core import ir, ops as opdefs
+from jaxstitch.frontend import prng, trace as trace_mod
 from jaxstitch.kernels import nvrtc
-from jaxstitch.workloads import WORKLOADS
+from jaxstitch.bench.workloads import WORKLOADS
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed")
 S = jax.ShapeDtypeStruct

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import config, pipeline
+from jaxstitch.core import config
+from jaxstitch.driver import pipeline
 from strategies import force_stitching, random_inputs
 
 S = jax.ShapeDtypeStruct

@@ -11,8 +11,8 @@ import pytest
 import jaxstitch
 from jaxstitch.kernels import nvrtc
 from jaxstitch.kernels.cache import Stats
-from jaxstitch.report import WIDTH, RegionReport, Report, key_ops
-from jaxstitch.workloads import layernorm_fwdbwd
+from jaxstitch.driver.report import WIDTH, RegionReport, Report, key_ops
+from jaxstitch.bench.workloads import layernorm_fwdbwd
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed")
 S = jax.ShapeDtypeStruct

@@ -13,7 +13,10 @@ import pytest
 
 import jaxstitch
 from strategies import force_stitching
-from jaxstitch import config, ir, pipeline, trace as trace_mod, wide_converts
+from jaxstitch.core import config, ir
+from jaxstitch.driver import pipeline
+from jaxstitch.frontend import trace as trace_mod
+from jaxstitch.graph import wide_converts
 from jaxstitch.lowering import codegen
 from jaxstitch.plan import mapping
 
@@ -77,7 +80,7 @@ def _kernel_sources(fn, specs, tune: str = "", forced: bool = False):
     attention's regions at these small shapes are launch-bound, left to XLA by default)."""
     cfg = config.load()
     if tune:
-        cfg = dataclasses.replace(cfg, tuning=mapping.Tuning.parse(tune))
+        cfg = dataclasses.replace(cfg, tuning=config.Tuning.parse(tune))
     tree = jax.tree_util.tree_structure((tuple(specs), {}))
     with force_stitching() if forced else contextlib.nullcontext():
         program = pipeline.build(fn, list(specs), tree, jaxstitch.get_target("h100"), cfg)
@@ -125,9 +128,9 @@ def test_the_report_counts_the_conversions(monkeypatch):
 
 
 def test_wide_converts_takes_0_or_1():
-    assert mapping.Tuning.parse("wide_converts=0").wide_converts == 0
+    assert config.Tuning.parse("wide_converts=0").wide_converts == 0
     with pytest.raises(ValueError, match="wide_converts=2"):
-        mapping.Tuning.parse("wide_converts=2")
+        config.Tuning.parse("wide_converts=2")
 
 
 def momentum_steps(*leaves):
@@ -167,7 +170,7 @@ def test_a_scan_keeps_its_half_carry_in_float():
     50 steps its forward and backward results went from 3-4x nearer float32 than jax.jit's to about
     as far, and no nearer jax.jit's own (H100, scripts/rounding_probe.py --case gru). So the carry's
     new value is copied unrounded into the next step."""
-    from jaxstitch.workloads import WORKLOADS
+    from jaxstitch.bench.workloads import WORKLOADS
 
     specs = jax.eval_shape(lambda k: WORKLOADS["dien_gru_fwdbwd"].make_inputs(k, jnp.bfloat16, True),
                            jax.random.key(0))

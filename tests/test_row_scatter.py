@@ -1,5 +1,5 @@
 """A scatter-add of one value per row (or one window) into a fill, written out as a select at trace
-time (jaxstitch/row_scatter.py): which scatters are, that the program then computes exactly what
+time (jaxstitch/frontend/row_scatter.py): which scatters are, that the program then computes exactly what
 jax.jit computes (the pipeline run on the CPU for a GPU target, regions through XLA), and that an
 integer-label cross-entropy's gradient becomes one stitched kernel."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from jax import lax
 
 import jaxstitch
-from jaxstitch import trace as trace_mod
+from jaxstitch.frontend import trace as trace_mod
 
 
 def xent(logits, labels):
@@ -128,7 +128,7 @@ def test_a_float32_copy_that_only_a_gather_reads_is_not_written():
     """Logits cast to float32 inside the loss: the gather of the labels' logits reads the cast, which
     the stitched kernel would otherwise write in full (as many bytes as the gradient); XLA computes
     it again at the gathered elements instead (recompute._drop_unread)."""
-    from jaxstitch.workloads import WORKLOADS
+    from jaxstitch.bench.workloads import WORKLOADS
 
     w = WORKLOADS["xent_labels_fwdbwd"]
     args = jax.eval_shape(lambda k: w.make_inputs(k, jnp.dtype(jnp.bfloat16), False), jax.random.key(0))

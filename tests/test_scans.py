@@ -10,8 +10,8 @@ from jax import lax
 
 import jaxstitch
 from strategies import assert_same_as_jax_jit, random_inputs
-from jaxstitch import ops as opdefs
-from jaxstitch.workloads import survival_fwdbwd, top_p_filter
+from jaxstitch.core import ops as opdefs
+from jaxstitch.bench.workloads import survival_fwdbwd, top_p_filter
 
 
 def f32(*shape):

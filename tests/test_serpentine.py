@@ -10,10 +10,11 @@ import jax.numpy as jnp
 import pytest
 
 import jaxstitch
-from jaxstitch import targets, workloads
+from jaxstitch import targets
+from jaxstitch.bench import workloads
 from jaxstitch.lowering import codegen
 from jaxstitch.plan import planner
-from jaxstitch.plan.mapping import Tuning
+from jaxstitch.core.config import Tuning
 from test_views import _traced
 
 BACK_AND_FORTH = "passes walk the chunks back and forth"

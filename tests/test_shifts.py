@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import ir, partition as partition_mod, pipeline, trace as trace_mod
+from jaxstitch.core import ir
+from jaxstitch.graph import partition as partition_mod
+from jaxstitch.driver import pipeline
+from jaxstitch.frontend import trace as trace_mod
 from jaxstitch.plan import cost, online, shifts, views
 from jaxstitch.plan.layout import place
-from jaxstitch.workloads import softmax_fwdbwd
+from jaxstitch.bench.workloads import softmax_fwdbwd
 from strategies import traced_values
 
 
@@ -30,7 +33,7 @@ def smoothed_loss(x, labels):
 
 
 def token_logprob_select(x, labels):
-    """log p(label) as a masked row sum (jaxstitch.workloads.token_logprob), in float32 of x."""
+    """log p(label) as a masked row sum (jaxstitch.bench.workloads.token_logprob), in float32 of x."""
     lp = jax.nn.log_softmax(x.astype(jnp.float32), axis=-1)
     return jnp.sum(jnp.where(jnp.arange(x.shape[-1]) == labels[:, None], lp, 0.0), -1)
 
@@ -238,7 +241,7 @@ def test_float_weighted_sums_keep_their_pass():
 def test_token_logprob_is_one_pass(dtype):
     """The suite's token_logprob (a bfloat16 input converted to float32: the pilot is loaded and
     converted) reads each row once, with no stash."""
-    from jaxstitch.workloads import token_logprob
+    from jaxstitch.bench.workloads import token_logprob
     specs = [jax.ShapeDtypeStruct((4096, 32000), jnp.dtype(dtype)), jax.ShapeDtypeStruct((4096,), jnp.int32)]
     (r,) = jaxstitch.explain(token_logprob, *specs, target="h100").regions
     assert r.stitched and "one pass" in r.mapping and "shifts out of 1 reductions" in r.mapping, r.mapping

@@ -16,10 +16,10 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jaxstitch
-from jaxstitch.bench import count_collectives
-from jaxstitch import trace as trace_mod
-from jaxstitch.spmd import factors as factors_mod, lowering as spmd_lowering, placement as placement_mod
-from jaxstitch.workloads import cross_entropy, layernorm
+from jaxstitch.bench.runner import count_collectives
+from jaxstitch.frontend import trace as trace_mod
+from jaxstitch.integration.spmd import factors as factors_mod, lowering as spmd_lowering, placement as placement_mod
+from jaxstitch.bench.workloads import cross_entropy, layernorm
 from strategies import force_stitching
 
 TARGET = "h100"
@@ -77,7 +77,7 @@ def test_placement_drops_what_it_cannot_split():
 def test_placement_takes_the_outputs_sharding_where_no_input_has_one():
     """A dropout mask drawn from a replicated key: no input is split, but its readers want it per
     batch shard (the partitioner's result sharding); the counters' iotas then count from the
-    shard's offset (spmd/localize.py)."""
+    shard's offset (integration/spmd/localize.py)."""
     traced, f = analyze(lambda k: jax.random.bernoulli(jax.random.wrap_key_data(k), 0.9, (8, 256)),
                         ((2,), jnp.uint32))
     region_inputs = [v for v in traced.graph.inputs]
@@ -276,7 +276,9 @@ def _stitched(program) -> int:
 
 
 def _plan(example, config, batch):
-    from jaxstitch import api, config as config_mod, families
+    from jaxstitch import api
+    from jaxstitch.core import config as config_mod
+    from jaxstitch.integration import families
 
     graphdef, state = example.make_init(config, 0)()
     dyn, static, tree = api._split_dynamic((graphdef, state, batch), {})
@@ -298,7 +300,7 @@ def test_a_data_parallel_step_stitches_per_shard_what_one_device_stitches(model,
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
     import dp_train
-    from jaxstitch import families
+    from jaxstitch.integration import families
 
     example = importlib.import_module(f"{model}_train")
     sizes = {"bert": dict(layers=1, batch=16, seq=128), "gpt": dict(layers=1, batch=4, seq=256)}[model]
@@ -333,7 +335,7 @@ def test_a_zoo_step_under_shard_map_stitches_what_one_device_stitches(monkeypatc
     import sys
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
     import zoo
-    from jaxstitch import families
+    from jaxstitch.integration import families
 
     m = zoo.MODELS["llama"]
     config = m.quick(hidden=256, heads=4, kv_heads=2, mlp=512, seq=256, batch=8)
@@ -364,7 +366,7 @@ def test_a_split_reductions_epilogue_is_no_piece_of_its_own(monkeypatch, placeme
     the sum ends with the all-reduce, and the ops after it became a kernel of their own, which XLA
     cannot fuse into our update kernel (on 2 H200s a BERT step's memory-bound kernels grew by 126
     more than jax.jit's did). Fixed, each shard's program is its reduction alone."""
-    from jaxstitch import families
+    from jaxstitch.integration import families
 
     def step(x, m, v):
         g = jnp.sum(x * 2.0, axis=0)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jaxstitch.workloads import WORKLOADS
+from jaxstitch.bench.workloads import WORKLOADS
 from test_tile_vectors import _code, _dien_specs
 
 

@@ -12,8 +12,8 @@ import pytest
 
 import jaxstitch
 from jaxstitch.plan import tile
-from jaxstitch.plan.mapping import Tuning
-from jaxstitch.workloads import WORKLOADS
+from jaxstitch.core.config import Tuning
+from jaxstitch.bench.workloads import WORKLOADS
 from test_tile_vectors import _code, _dien_specs
 
 DIEN = WORKLOADS["dien_attention_fwdbwd"].fn
@@ -127,7 +127,9 @@ def _tile_plan(dtype, tune=""):
     """DIEN's tile plan (the stitched region's) as pipeline.build makes it for an H100."""
     import jax
 
-    from jaxstitch import config, pipeline, targets
+    from jaxstitch.core import config
+    from jaxstitch.driver import pipeline
+    from jaxstitch import targets
     specs = list(_dien_specs(dtype, b=16384))
     tree = jax.tree_util.tree_structure((tuple(specs), {}))
     with pytest.MonkeyPatch.context() as mp:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 import jaxstitch
-from jaxstitch.workloads import WORKLOADS
+from jaxstitch.bench.workloads import WORKLOADS
 from test_tile_transpose import CASES, layernorm_transposed
 
 

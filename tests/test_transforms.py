@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import trace, transforms
+from jaxstitch.frontend import trace
+from jaxstitch.integration import transforms
 from strategies import force_stitching, random_inputs
 
 S32 = jax.ShapeDtypeStruct

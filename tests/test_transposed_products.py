@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxstitch
-from jaxstitch import trace, transposed_products
+from jaxstitch.frontend import trace, transposed_products
 from strategies import random_inputs
 from test_merged_products import _specs as swiglu_specs, _traced, swiglu_grads
 

@@ -13,8 +13,8 @@ from jax import lax
 
 import jaxstitch
 from strategies import assert_same_as_jax_jit, random_inputs
-from jaxstitch import ops as opdefs
-from jaxstitch.workloads import moe_router, top1_pair
+from jaxstitch.core import ops as opdefs
+from jaxstitch.bench.workloads import moe_router, top1_pair
 
 INT_MAX = int(np.iinfo(np.int32).max)
 WEIGHTS = np.array([2.0, 3.0], np.float32)

@@ -10,7 +10,10 @@ import pytest
 from jax import lax
 
 import jaxstitch
-from jaxstitch import ir, partition as partition_mod, pipeline, trace as trace_mod
+from jaxstitch.core import ir
+from jaxstitch.graph import partition as partition_mod
+from jaxstitch.driver import pipeline
+from jaxstitch.frontend import trace as trace_mod
 from jaxstitch.plan import views
 from jaxstitch.plan.layout import Unplannable, place
 from strategies import assert_same_as_jax_jit, force_stitching, traced_values
@@ -161,7 +164,7 @@ def causal_softmax_fwdbwd(x, dy):
     return y, vjp(dy)[0]
 
 
-# Masks computed from positions (plan/positions.py): rebuilt at the scores' shape.
+# Masks computed from positions (graph/positions.py): rebuilt at the scores' shape.
 POSITIONAL_CASES = {
     "causal": (causal_softmax, (f32(3, 5, 40, 40),)),
     "sliding_window": (sliding_window_softmax, (f32(2, 3, 70, 70),)),
@@ -385,7 +388,7 @@ def test_a_backward_pass_computes_the_mask_again_rather_than_reading_it():
     specs = (f32(4, 6, 128, 128), f32(4, 6, 128, 64))
     with force_stitching():  # (what is tested is where the mask is computed, not the cost model)
         program = pipeline.build(causal_attention_grad, list(specs), jax.tree_util.tree_structure((specs, {})),
-                                 jaxstitch.get_target("h100"), jaxstitch.config.load())
+                                 jaxstitch.get_target("h100"), jaxstitch.core.config.load())
     regions = [c for c in program.regions if any(op.prim in ("exp", "reduce_sum") for op in c.plan.region.ops)]
     assert len(regions) == 2 and all(c.stitched for c in regions), [c.plan.reason for c in regions]
     for c in regions:
@@ -420,7 +423,7 @@ def test_a_backward_left_to_xla_gets_the_mask_no_kernel_wrote(monkeypatch):
         assert [r.stitched for r in report.regions if len(r.ops) > 10] == [True, False], report
         written = [o for c in pipeline.build(
             gpt_attention_grad, list(specs), jax.tree_util.tree_structure((specs, {})),
-            jaxstitch.get_target("h100"), jaxstitch.config.load()).regions if c.stitched
+            jaxstitch.get_target("h100"), jaxstitch.core.config.load()).regions if c.stitched
             for o in c.plan.region.outputs]
         assert [o.shape for o in written].count((4, 6, 128, 128)) == 1, written  # (the probabilities)
         args = _random(specs, 1)

@@ -1,5 +1,5 @@
 """A half-precision scatter-add into a fill (an embedding lookup's gradient) written out at trace time
-as a float32 scatter rounded once (jaxstitch/wide_scatter.py), on the CPU: which scatters are, that
+as a float32 scatter rounded once (jaxstitch/frontend/wide_scatter.py), on the CPU: which scatters are, that
 the program computes exactly the float32 formulation, jax.jit's bits where no index repeats, and a
 sum nearer the exact one than jax.jit's where indices repeat."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxstitch
-from jaxstitch import trace as trace_mod
+from jaxstitch.frontend import trace as trace_mod
 
 VOCAB, HIDDEN = 300, 64
 

@@ -9,8 +9,9 @@ import pytest
 from jax.interpreters import mlir
 
 import jaxstitch
-from jaxstitch import workloads
-from jaxstitch.kernels import ffi, nvrtc, xla_kernel
+from jaxstitch.bench import workloads
+from jaxstitch.integration import ffi
+from jaxstitch.kernels import nvrtc, xla_kernel
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed")
 S = jax.ShapeDtypeStruct
@@ -66,7 +67,8 @@ def test_the_backend_config_parses_back_to_the_ptx():
 def test_the_fixed_row_kernel_takes_the_buffers_only():
     """XLA passes one pointer per operand and result, nothing more: the kernel compiled with its row
     count fixed declares exactly those, and the launcher's declares the row count after them."""
-    from jaxstitch import config, pipeline
+    from jaxstitch.core import config
+    from jaxstitch.driver import pipeline
     from jaxstitch.targets import get_target
 
     x = jnp.ones((4096, 1024), jnp.float32)
@@ -86,7 +88,7 @@ def test_the_fixed_row_kernel_takes_the_buffers_only():
 
 
 def test_what_needs_the_launcher():
-    from jaxstitch.lowering.primitive import Launch
+    from jaxstitch.integration.primitive import Launch
 
     plain = Launch("k", b"", "jaxstitch_kernel", grid=8, block=256, smem=0, cooperative=False,
                    workspace_bytes=0, rows=100)

@@ -352,7 +352,7 @@ def _remove(path: str):
 
 
 def _max_bytes() -> int:
-    from .. import config  # (config imports the planner, which imports nothing of ours back)
+    from ..core import config  # (config imports the planner, which imports nothing of ours back)
 
     return config.load().cache_max_bytes
 

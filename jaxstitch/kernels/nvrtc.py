@@ -28,7 +28,7 @@ class CompileTimeout(CompileError):
 _FLOW_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 
 
-# What installs NVRTC: the extra of jax's CUDA line (pyproject.toml; kernels/availability.py says
+# What installs NVRTC: the extra of jax's CUDA line (pyproject.toml; integration/availability.py says
 # which one fits this machine).
 INSTALL_HINT = ("pip install 'jaxstitch[cuda13]' or 'jaxstitch[cuda12]' (the CUDA line of your jaxlib), "
                 "or on a CPU-only machine 'jaxstitch[cuda]'")

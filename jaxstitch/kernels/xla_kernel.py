@@ -70,7 +70,7 @@ def fixed_rows_source(source: str, rows: int) -> str:
 
 
 def unsupported(launch, remote: bool) -> str | None:
-    """Why `launch` (lowering/primitive.py Launch) needs our launcher, or None."""
+    """Why `launch` (integration/primitive.py Launch) needs our launcher, or None."""
     reasons = (
         (remote, "a remote kernel takes a table of pointers"),
         (launch.cooperative, "a grid barrier needs a cooperative launch"),

@@ -1,1 +1,1 @@
-"""Lowering: kernel plans to CUDA C (codegen) and the `stitch` primitive that puts kernels into XLA."""
+"""Lowering: kernel plans to CUDA C from `csrc_templates/` (codegen renders; planning decided)."""

@@ -10,7 +10,8 @@ import dataclasses
 import re
 import string
 
-from .. import ir, ops as opdefs
+from ..core import ir
+from ..core import ops as opdefs
 from ..plan import KernelPlan
 from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR, Unplannable
 from ..plan.remote import RemotePlan
@@ -19,15 +20,8 @@ from ..plan.tile import TilePlan
 from . import reductions, remote_codegen, scan_codegen, tile_codegen
 from .cuda_ops import CTYPE, REDUCE, STYPE
 from .epilogue import render_epilogue
-from .kernel import KERNEL_NAME, Kernel, Writer, template, vec_col, vec_col_definition  # noqa: F401 - KERNEL_NAME: the stitcher's
+from .kernel import KERNEL_NAME, Kernel, Source, Writer, template, vec_col, vec_col_definition  # noqa: F401 - KERNEL_NAME, Source: the driver's
 from .staging import first_row_group, load_chunk, next_buffer, next_row_group, refill_ring, stage_rows
-
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-    code: str
-    name: str
-    param_names: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import math
 
-from .. import ir, ops as opdefs
+from ..core import ir
+from ..core import ops as opdefs
 
 CTYPE = {"float32": "float", "bfloat16": "float", "float16": "float", "int32": "int", "uint32": "unsigned",
          "bool": "bool"}

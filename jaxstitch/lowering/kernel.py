@@ -8,18 +8,40 @@ emit nothing: their result is another name for the operand.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 from importlib import resources
 
-from .. import ir, ops as opdefs
+from ..core import ir
+from ..core import ops as opdefs
 from ..plan import KernelPlan
 from ..plan.layout import COL, EPILOGUE, FULL, GATHER, PAIR_HALF, PAIR_SWAP, ROW, SCALAR, row_axes
 from ..plan.views import merged_axes
-from .cuda_ops import (CTYPE, SCAN, STYPE, as_written, as_xla_rounds, bool_factor, expression, literal, rounded_float,
-                       select_product, written_half)
+from .cuda_ops import (
+    CTYPE,
+    SCAN,
+    STYPE,
+    as_written,
+    as_xla_rounds,
+    bool_factor,
+    expression,
+    literal,
+    rounded_float,
+    select_product,
+    written_half,
+)
 
 KERNEL_NAME = "jaxstitch_kernel"
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """A kernel's CUDA C, its `extern "C"` name and its parameters' names, in launch order."""
+
+    code: str
+    name: str
+    param_names: tuple[str, ...]
 
 
 @functools.lru_cache(maxsize=None)

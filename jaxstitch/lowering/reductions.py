@@ -2,7 +2,8 @@
 split row the slices' partials through the workspace) and the accumulation of grid reductions."""
 from __future__ import annotations
 
-from .. import ir, ops as opdefs
+from ..core import ir
+from ..core import ops as opdefs
 from ..plan.layout import COL, FULL
 from .cuda_ops import ARG_REDUCE, CTYPE, REDUCE, as_stored, expression, literal
 from .kernel import Kernel, Writer, col_index

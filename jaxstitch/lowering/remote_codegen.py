@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import string
 
-from .. import ir, ops as opdefs
-from ..partition import Region
+from ..core import ir
+from ..core import ops as opdefs
+from ..graph.partition import Region
 from ..plan.layout import Unplannable
 from ..plan.remote import RemotePlan
 from .cuda_ops import CTYPE, EXPR, STYPE, as_written, as_xla_rounds, layout_root, literal, written_half

@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 import string
 
-from .. import ir, ops as opdefs
+from ..core import ir
+from ..core import ops as opdefs
 from ..plan import scan as S
 from .cuda_ops import CTYPE, REDUCE, STYPE, expression, literal
-from .kernel import KERNEL_NAME, Writer, template
+from .kernel import KERNEL_NAME, Source, Writer, template
 
 
 def _strides(shape) -> list[int]:
@@ -248,8 +249,6 @@ def _global(plan: S.ScanPlan, v: ir.Value, digits: list[str]) -> tuple[str, str 
 
 
 def render(plan: S.ScanPlan):
-    from .codegen import Source
-
     em = _Emitter(plan)
     region, m, body = plan.region, plan.mapping, plan.body
     params = [f"const {STYPE[v.dtype]}* __restrict__ in{i}" for i, v in enumerate(region.inputs)]

@@ -2,7 +2,7 @@
 this thread's elements of a chunk from the stash or from global memory."""
 from __future__ import annotations
 
-from .. import ir
+from ..core import ir
 from ..plan.layout import COL, FULL
 from .cuda_ops import STYPE
 from .kernel import Kernel, Writer, stash_slot, vec_col

@@ -14,12 +14,24 @@ from __future__ import annotations
 
 import string
 
-from .. import ir, ops as opdefs
+from ..core import ir
+from ..core import ops as opdefs
 from ..plan import tile as T
 from ..plan.layout import Unplannable
-from .cuda_ops import (CTYPE, REDUCE, STYPE, as_written, as_xla_rounds, bool_factor, expression, literal, rounded_float,
-                       select_product, written_half)
-from .kernel import KERNEL_NAME, Writer, template
+from .cuda_ops import (
+    CTYPE,
+    REDUCE,
+    STYPE,
+    as_written,
+    as_xla_rounds,
+    bool_factor,
+    expression,
+    literal,
+    rounded_float,
+    select_product,
+    written_half,
+)
+from .kernel import KERNEL_NAME, Source, Writer, template
 
 _SIZE = {T.N: "N_ROWS", T.A: "TA", T.B: "TB"}
 SLOTS = 4  # at most this many elements of an axis a lane for slot loops (registers per cached value)
@@ -468,8 +480,6 @@ def _stage(t: T.TileValue, st: str, buf: str) -> str:
 
 
 def render(plan: T.TilePlan):
-    from .codegen import Source
-
     em = _Emitter(plan)
     region, m = plan.region, plan.mapping
     params = [f"const {STYPE[v.dtype]}* __restrict__ in{i}" for i, v in enumerate(region.inputs)]

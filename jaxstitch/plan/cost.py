@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import ir, ops as opdefs
-from ..targets import Target
+from ..core import ir
+from ..core import ops as opdefs
+from ..core.targets import Target
 from .layout import COL, EPILOGUE, FULL, ROW, Layout
 
 OUR_EFFICIENCY = 0.9        # fraction of copy bandwidth a register-resident row kernel reaches
@@ -63,7 +64,7 @@ SCAN_XLA_PASSES = 4
 # byte count alone predicted 209 and 158 us (and 0.89x on the H200). Calibrated on the
 # float32 forward, the fastest of them, so the estimate stays on our side: the target's
 # `calibration.gather_ops_per_sm_us` (targets.py).
-# A kernel drawing dropout's random bits (threefry, ~120 integer ops an element, jaxstitch/prng.py)
+# A kernel drawing dropout's random bits (threefry, ~120 integer ops an element, jaxstitch/frontend/prng.py)
 # is bound by the integer ops its SMs issue (half the float rate on sm_80/sm_90), on both sides, and
 # XLA's loop fusion issues fewer of them per microsecond than our row kernel. Measured on an H100
 # (bias + GELU + dropout, [16384, 4096], 120 full-size integer ops an element): XLA

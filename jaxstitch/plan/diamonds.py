@@ -17,8 +17,9 @@ several trailing axes is matched as one over the last axis (which XLA may first 
 """
 from __future__ import annotations
 
-from .. import ir, ops as opdefs
-from ..partition import Region
+from ..core import ir
+from ..core import ops as opdefs
+from ..graph.partition import Region
 
 _COMMUTATIVE = frozenset({"add", "mul", "max", "min", "and", "or", "eq", "ne"})
 

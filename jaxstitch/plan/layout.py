@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .. import ir, ops as opdefs
-from ..partition import Region
+from ..core import ir
+from ..core import ops as opdefs
+from ..graph.partition import Region
 
 SCALAR, ROW, COL, FULL = "scalar", "row", "col", "full"
 # An input read only through gathers (plan/views.py): it stays in global memory, in any shape.

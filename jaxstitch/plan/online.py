@@ -19,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .. import ir, ops as opdefs
+from ..core import ir
+from ..core import ops as opdefs
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 # Row ops between the max and the subtraction that leave the max's value as it is.

@@ -27,8 +27,8 @@ import itertools
 
 import numpy as np
 
-from .. import ir
-from ..partition import Region
+from ..core import ir
+from ..graph.partition import Region
 from .layout import COL, FULL, GATHER, PAIR_HALF, PAIR_SWAP, Layout, row_axes
 from .views import merged_axes
 

@@ -4,10 +4,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .. import ir, ops as opdefs
-from ..partition import Region
-from ..targets import Target
-from . import cost, diamonds, mapping as mapping_mod, pairs, tile, views
+from ..core import ir
+from ..core import ops as opdefs
+from ..core.targets import Target
+from ..graph.partition import Region
+from . import cost, diamonds, pairs, tile, views
+from . import mapping as mapping_mod
 from .layout import COL, FULL, GATHER, MEMORY, PAIR_HALF, PAIR_SWAP, Layout, Unplannable, place
 from .mapping import Mapping
 from .online import OnlineSum, find_online_sums, sum_ids

@@ -8,7 +8,7 @@ with zeros instead (cp.async's src-size 0), which the select then discards. GPT'
 softmax forward reads its scores this way, and its backward (which recomputes the exponentials)
 too; the backward's `dp` is also summed over the whole row, so it is read whole.
 
-Only predicates computed from positions in the kernel (plan/positions.py rebuilds the mask there)
+Only predicates computed from positions in the kernel (graph/positions.py rebuilds the mask there)
 of the form k <= q + c count, k the row's (last) axis and q another axis of the value; a
 conjunction (a sliding window) counts through such a term, and so does `P ? x : false` (how
 `jnp.tril` of ones comes out).
@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import ir, ops as opdefs
-from ..partition import Region
+from ..core import ir
+from ..core import ops as opdefs
+from ..graph.partition import Region
 from .layout import FULL, Layout
 
 _ALL = "all"  # needed at every element

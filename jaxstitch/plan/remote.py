@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .. import ir, ops as opdefs
-from ..partition import Nodes, Region
-from ..targets import Target
+from ..core import ir
+from ..core import ops as opdefs
+from ..core.targets import Target
+from ..graph.partition import Nodes, Region
 from . import cost
 
 BLOCK = 256

@@ -21,9 +21,10 @@ import functools
 import math
 from collections import Counter
 
-from .. import ir, ops as opdefs
-from ..partition import Region
-from ..targets import Target
+from ..core import ir
+from ..core import ops as opdefs
+from ..core.targets import Target
+from ..graph.partition import Region
 from . import cost
 from .layout import Unplannable
 

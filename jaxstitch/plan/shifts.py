@@ -44,8 +44,9 @@ import dataclasses
 import itertools
 import math
 
-from .. import ir, ops as opdefs
-from ..partition import Region
+from ..core import ir
+from ..core import ops as opdefs
+from ..graph.partition import Region
 from .layout import FULL, GATHER, ROW, SCALAR, Layout
 from .online import find_online_sums, max_behind
 from .views import FlatView

@@ -23,12 +23,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from .. import ir, ops as opdefs
-from ..partition import Region
-from ..targets import Target
+from ..core import ir
+from ..core import ops as opdefs
+from ..core.config import Tuning
+from ..core.targets import Target
+from ..graph.partition import Region
 from .cost import XLA_EFFICIENCY, Estimate
 from .layout import Unplannable
-from .mapping import SMEM_PER_BLOCK_SYSTEM, Tuning
+from .mapping import SMEM_PER_BLOCK_SYSTEM
 
 N, A, B = "n", "a", "b"
 FULL, ROW = "ab", ""  # domains: what a value varies over inside one batch element's tile

@@ -23,9 +23,10 @@ import dataclasses
 import itertools
 import math
 
-from .. import ir, ops as opdefs
-from ..partition import Region
-from . import positions
+from ..core import ir
+from ..core import ops as opdefs
+from ..graph import positions
+from ..graph.partition import Region
 from .layout import GATHER, Unplannable, row_space
 
 # GATHER, the op sink makes: outputs[0] = inputs[0] (an input) read through the params' `view`.
