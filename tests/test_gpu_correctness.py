@@ -590,9 +590,9 @@ def test_explain_detects_gpu_and_counts_kernels(name, dtype):
         assert not (r.reason or "").startswith(("NVRTC", "codegen")), str(report)
     if name in ONE_KERNEL:
         assert report.stitched_kernels == 1, str(report)
-    if name == "bias_gelu_dropout":
-        ew = [r for r in report.regions if {"erf", "erfc"} & set(r.ops)]
-        assert ew and not any(r.stitched for r in ew), str(report)
+    if name == "bias_gelu_dropout":  # GELU's erf stitched with the dropout's threefry bits written out
+        ew = [r for r in report.regions if {"erf", "erfc"} & set(r.ops)]  # (bench: 3 kernels -> 1, 1.2-1.4x)
+        assert ew and all(r.stitched and "xor" in r.ops for r in ew), str(report)
 
 
 def _heavy(v):
