@@ -81,6 +81,18 @@ def test_an_all_zero_reference_is_judged_at_the_inputs_scale():
     assert check_against_jit([ulp_noise], [zero], [zero.astype(np.float64)], "float32")  # float32: 1e-4
 
 
+def test_a_float64_residue_is_judged_as_a_cancellation_and_a_small_output_is_not():
+    """A reference of 3.4e-21 (float64 rounding left over where terms of 3e-5 cancel) is a zero: one
+    bfloat16 rounding of a term (2^-24) passes. A reference of 1e-6 is a value: 2^-24 off it fails."""
+    import numpy as np
+    from fuzz_programs import check_against_jit
+
+    ours, theirs = np.full(2, 2.0 ** -24, np.float32), np.zeros(2, np.float32)
+    residue = np.array([3.4e-21, -1e-22])
+    assert check_against_jit([ours], [theirs], [residue], "bfloat16") == []
+    assert check_against_jit([ours], [theirs + 1e-6], [residue + 1e-6], "bfloat16")
+
+
 # Programs the GPU fuzzer found wrong (scripts/fuzz_gpu.py, H200), planned as by default: a size-1
 # output made in the row loop after a scan but declared a scalar was stored nowhere (its poisoned
 # NaN came back); codegen now stores it, and checks that every output is stored (UnwrittenOutput).
