@@ -8,7 +8,7 @@ import runpy
 import sys
 
 import jaxstitch
-from jaxstitch.kernels import ffi
+from jaxstitch.integration import ffi
 
 src = pathlib.Path(os.environ["JAXSTITCH_SRC"]).resolve()
 venv = pathlib.Path(os.environ["VENV"]).resolve()
