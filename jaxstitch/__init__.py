@@ -16,6 +16,7 @@ from .integration import jax_internals as _jax_internals
 from .integration import transforms as _transforms  # noqa: F401  (the stitch primitive's grad / vmap rules)
 from .integration.families import build_stats  # noqa: F401
 from .integration.spmd import lowering as _spmd_lowering  # noqa: F401  (its lowering over several devices)
+from .integration.xla_compiles import compiles as xla_compiles  # noqa: F401  (XLA's compiles of our programs)
 from .kernels.cache import stats as cache_stats  # noqa: F401
 from .targets import TARGETS, Target, get_target  # noqa: F401
 
