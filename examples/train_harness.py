@@ -75,7 +75,7 @@ class Run:
     memory_kernels: int | None
     collectives: dict | None = None
     host_ms: float | None = None  # the timed steps handed to the runtime, before waiting: a step
-    # whose host_ms reaches its step_ms is paced by the host, not the GPU (docs/perf_notes.md, 36)
+    # whose host_ms reaches its step_ms is paced by the host, not the GPU
 
 
 def run(name: str, jit: Callable, step, init: Callable, batch: Callable, steps: int, warm: int = 3,

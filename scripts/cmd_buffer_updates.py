@@ -4,7 +4,7 @@ jax.jit and jaxstitch.jit: with steps in flight, and with one step at a time.
     python3 scripts/cmd_buffer_updates.py --model bert [--steps 10] [--tune xla_kernels=1 ...]
 
 Why: a BERT step's host time grew by 4.8 ms under jaxstitch.jit with steps in flight, not under
-jax.jit (docs/perf_notes.md). XLA records a command buffer again when an allocation its
+jax.jit (H100). XLA records a command buffer again when an allocation its
 commands use moved (`CommandBufferThunk::ExecuteOnStream`), and logs each update with its time at
 verbosity 3 of command_buffer_thunk. Each variant runs in a child process with that logging on; the
 parent counts the child's "Updated command buffer in N μs" lines per phase. A jaxlib whose logging

@@ -223,7 +223,7 @@ def test_the_rotary_backward_concatenation_is_ours(monkeypatch):
     """With both knobs, the rotary backward's dq/dk/dv concatenation the q/k/v projection's products
     read is planned as ours, reading the products' results and the rotary tables through views
     (with this machine's NVRTC; the GPU machines' needed 168 registers for it and declined it while
-    it still computed the tables itself, docs/perf_notes.md); with the folds alone it
+    it still computed the tables itself); with the folds alone it
     stays XLA's, one kernel of the same bytes."""
     monkeypatch.setenv("JAXSTITCH_TUNE", "batched_folds=2,product_concats=1")
     specs = rotary_specs(jnp.bfloat16, 8, 512, 3 * 64)

@@ -354,7 +354,7 @@ ABLATION = {  # JAXSTITCH_TUNE spec -> stitched kernels of layernorm fwd+bwd and
 
 @pytest.mark.parametrize("spec", list(ABLATION))
 def test_ablation_knobs_cut_where_they_say(spec):
-    """The ablation's configurations (docs/perf_notes.md): each stitches everything it plans, with
+    """The ablation's configurations (Tuning's switches): each stitches everything it plans, with
     kernel boundaries where the switched-off technique would have removed them."""
     cfg = dataclasses.replace(config.load(), tuning=Tuning.parse(spec))
     for name, want in zip(("layernorm_fwdbwd", "xent_fwdbwd"), ABLATION[spec]):

@@ -7,7 +7,7 @@ and the launch shape. The HLO thus holds only data, never a process-local
 pointer, so JAX's persistent compilation cache and ``jax.export`` keep working:
 a fresh process loads the module from the bytes the first time it runs.
 
-The handler (``launcher.cc``, built by ``setup.py`` into ``_launcher*.so``)
+The handler (``kernels/launcher.cc``, built by ``setup.py`` into ``kernels/_launcher*.so``)
 loads the module at XLA's initialize stage, or lazily at execute, and launches
 the kernel with one pointer parameter per buffer: every argument buffer in
 order, then every result buffer in order.
@@ -27,7 +27,7 @@ import numpy as np
 
 TARGET = "jaxstitch_launch"
 # The same handler registered without XLA's command-buffer trait: launched between XLA's CUDA
-# graphs rather than traced into them (launcher.cc; plan/mapping.py Tuning.cmd_buffers).
+# graphs rather than traced into them (kernels/launcher.cc; core/config.py Tuning.cmd_buffers).
 TARGET_PLAIN = "jaxstitch_launch_plain"
 
 _lock = threading.Lock()

@@ -501,8 +501,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 
 // The same handler without the trait (ffi.py's TARGET_PLAIN): XLA launches
 // such a call between its command buffers instead of tracing it into one.
-// Which costs the host less depends on the program (docs/perf_notes.md),
-// so a program picks (plan/mapping.py Tuning.cmd_buffers).
+// Which costs the host less depends on the program,
+// so a program picks (core/config.py Tuning.cmd_buffers).
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     JaxstitchLaunchExecutePlain, Execute,
     BindAttrs(ffi::Ffi::Bind()

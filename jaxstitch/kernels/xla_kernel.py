@@ -4,7 +4,7 @@ Why: XLA records an FFI call into its command buffers (CUDA graphs) by tracing t
 capture stream, again each time it updates a graph, and launches it outside graphs through the
 handler; a kernel call is a kernel node like XLA's own fusions. The host's time a BERT step
 measured 12.4 ms with one step in flight and 17.2 ms with several (ours) against 14.7 and 13.3 for
-jax.jit's (docs/perf_notes.md): steps in flight cost ours more.
+jax.jit's (H100): steps in flight cost ours more.
 
 What it cannot do, so such launches stay with the launcher (`unsupported` says which): a grid
 barrier (no cooperative launch), a row count read at run time (shape families and their

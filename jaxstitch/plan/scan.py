@@ -541,8 +541,8 @@ def _aligned(n: int) -> int:
 # What one step of a persistent scan costs in a block, and one iteration of XLA's while loop around
 # its kernels (the target's calibration: scan_step_us, scan_op_us, scan_fma_per_us,
 # xla_iteration_us). On an H100, ours: first guesses (0.4 and 0.03 us) times the 1.45 DIEN's GRU
-# fwd+bwd measured over them; XLA's: a first guess, which came out 1.27x slow there
-# (docs/perf_notes.md), so the model still errs towards our kernel by that much.
+# fwd+bwd measured over them; XLA's: a first guess, which came out 1.27x slow there, so the
+# model still errs towards our kernel by that much.
 
 
 def estimate(plan: ScanPlan, target: Target) -> cost.Estimate:

@@ -51,7 +51,7 @@ STASH, GLOBAL, INLINE, ARRAY, REG = "stash", "global", "inline", "array", "reg"
 # keys copied as vectors rather than by cp.async: 110 -> 99 us on an H100 (kernel alone). Holding
 # the vectors in registers to the tile's end instead (as REGS does) gained nothing: its loads stayed
 # in flight across the tile's loops (109 us; 98 where ptxas happened to spill one and so waited for
-# them at the start) (docs/perf_notes.md).
+# them at the start).
 ASYNC, VECTORS, REGS, SYNC = "async", "vectors", "regs", "sync"
 # A half-precision input copied through registers (REGS: a query or an output gradient along b) is
 # stashed as float32, converted once a tile as it is stored rather than at every read: the loops
@@ -78,7 +78,7 @@ class NotATile(Unplannable):
 NOT_A_TILE = "no batch of tiles"
 MAX_TILE_SMEM = 64 * 1024
 # Threads per block. DIEN's 50x36 tiles on an H100: 128 was 1.16x faster than 256 (more tiles in
-# flight); 64 was 1.20x faster in bfloat16 but 0.92x in float32 (docs/perf_notes.md).
+# flight); 64 was 1.20x faster in bfloat16 but 0.92x in float32.
 TILE_BLOCK = 128
 # Tiles a block works on at once, each by one warp (1: the whole block on one tile): a warp's tile
 # ends its epochs at the warp's barrier, where the block's waits at a block barrier with idle warps
