@@ -1141,7 +1141,8 @@ def test_prefix_copies_match_xla(name, dtype):
     what = _msg(f"prefix {name} {dtype}", seed)
     tree = jax.tree_util.tree_structure((tuple(specs), {}))
     with force_stitching():
-        program = jaxstitch.driver.pipeline.build(fun, list(specs), tree, jaxstitch.targets.detect(), jaxstitch.core.config.load())
+        program = jaxstitch.driver.pipeline.build(fun, list(specs), tree, jaxstitch.targets.detect(),
+                                                  jaxstitch.core.config.load())
         assert any(c.stitched and c.plan.kernel.prefixes for c in program.regions), what
         _, got = run_stitched(fun, args, what)
     compare(got, jax.block_until_ready(jax.jit(fun)(*args)), what)

@@ -95,7 +95,7 @@ fallback_rule = mlir.lower_fun(_evaluate, multiple_results=True)
 launch_rule = mlir.lower_fun(_launch, multiple_results=True)
 
 
-# (integration/spmd/lowering.py registers these again, wrapped for programs partitioned over several devices)
+# (spmd/lowering.py registers these again, wrapped for programs partitioned over several devices)
 def cuda_rule(ctx, *args, jaxpr, launch, context):
     rule = fallback_rule if launch is None else xla_kernel_rule if launch.ptx else launch_rule
     return rule(ctx, *args, jaxpr=jaxpr, launch=launch, context=context)

@@ -20,7 +20,7 @@ from ..plan.tile import TilePlan
 from . import reductions, remote_codegen, scan_codegen, tile_codegen
 from .cuda_ops import CTYPE, REDUCE, STYPE
 from .epilogue import render_epilogue
-from .kernel import KERNEL_NAME, Kernel, Source, Writer, template, vec_col, vec_col_definition  # noqa: F401 - KERNEL_NAME, Source: the driver's
+from .kernel import KERNEL_NAME, Kernel, Source, Writer, template, vec_col, vec_col_definition  # noqa: F401 (re-exported)
 from .staging import first_row_group, load_chunk, next_buffer, next_row_group, refill_ring, stage_rows
 
 
