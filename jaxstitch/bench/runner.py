@@ -1,4 +1,4 @@
-"""Benchmark: jax.jit against jaxstitch.jit on the workloads of `jaxstitch.workloads`.
+"""Benchmark: jax.jit against jaxstitch.jit on the workloads of `jaxstitch.bench.workloads`.
 
     python -m jaxstitch.bench [--quick] [--only NAME ...] [--dtype float32|bfloat16|all]
                               [--json PATH] [--markdown] [--xla-triton auto|on|off]
