@@ -483,7 +483,7 @@ def _folded_into_products(regions: tuple[Compiled, ...], traced: trace_mod.Trace
         if not c.stitched and len(ops) == 1 and ops[0].prim == "transpose" and _minor_swap(ops[0]):
             readers = readers if readers is not None else _readers(traced)
             if all(_folds_into(ops[0], r) for r in readers.get(ops[0].outputs[0].id, [None])):
-                plan = RegionPlan(c.plan.region, None, cost.Estimate(0, 0.0, 0, 0, 0.0), FOLDED)
+                plan = RegionPlan(region=c.plan.region, kernel=None, estimate=cost.Estimate(0, 0.0, 0, 0, 0.0), reason=FOLDED)
                 c = dataclasses.replace(c, plan=plan, error=None)
         out.append(c)
     return tuple(out)
@@ -530,7 +530,7 @@ def _compiled_or_xla(region, traced: trace_mod.Traced, target: Target, cfg: Conf
             raise
         where = trace_mod.source_line(traced.eqns[region.ops[0].index]) if region.ops else ""
         why = fallback.region_failed("planning", region.ops, where, e)
-        return Compiled(RegionPlan(region, None, None, why), None, None, None, why)
+        return Compiled(RegionPlan(region=region, kernel=None, estimate=None, reason=why), None, None, None, why)
 
 
 def _or_unchanged(step, unchanged, what: str, cfg: Config):
@@ -561,7 +561,7 @@ def plan_scans(traced: trace_mod.Traced, first_id: int, target: Target, cfg: Con
 def compile_scan(region, eqn, target: Target, cfg: Config) -> Compiled:
     def declined(why, kernel=None, est=None):
         log.info("scan %d stays an XLA loop: %s", region.id, why)
-        return Compiled(RegionPlan(region, kernel, est, why), None, None, None, None)
+        return Compiled(RegionPlan(region=region, kernel=kernel, estimate=est, reason=why), None, None, None, None)
 
     body = trace_mod.scan_body(eqn)
     if body is None:
@@ -575,7 +575,7 @@ def compile_scan(region, eqn, target: Target, cfg: Config) -> Compiled:
         return declined(f"planning failed: {type(e).__name__}: {e}")
     if est.speedup < min_gain(cfg.tuning):
         return declined(f"estimated {est.us:.1f} us as one kernel vs {est.xla_us:.1f} us as XLA's loop", kernel, est)
-    return _compile_plan(RegionPlan(region, kernel, est, None), target, cfg)
+    return _compile_plan(RegionPlan(region=region, kernel=kernel, estimate=est, reason=None), target, cfg)
 
 
 def _trace_body(closed, cfg: Config) -> trace_mod.Traced:
@@ -599,7 +599,7 @@ def stitch_remote(graph, regions: tuple[Compiled, ...], target: Target, cfg: Con
             log.info("%d independent chains stay with XLA: estimated %.1f us as one kernel vs %.1f us",
                      len(group), est.us, est.xla_us)
             continue
-        compiled = _compile_plan(RegionPlan(kernel.region, kernel, est, None), target, cfg)
+        compiled = _compile_plan(RegionPlan(region=kernel.region, kernel=kernel, estimate=est, reason=None), target, cfg)
         if compiled.stitched:
             merged.update((r.id, compiled) for r in group)
     out, placed = [], set()

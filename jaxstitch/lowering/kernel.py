@@ -98,6 +98,9 @@ class Writer:
 
 
 class Kernel:
+    """Codegen's working state for one row kernel: the plan and the names it has given values so far,
+    shared by the prologue, body and epilogue writers (mutable: it lives only while rendering)."""
+
     def __init__(self, plan: KernelPlan):
         self.plan = plan
         self.layout = plan.layout

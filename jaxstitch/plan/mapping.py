@@ -54,6 +54,10 @@ BUSY_SM_SHARE = 0.8
 
 @dataclasses.dataclass(frozen=True)
 class Mapping:
+    """How a row kernel's threads cover its rows: threads a row (`tpr`), elements a thread and vector,
+    chunks of a long row, rows a block, the grid, row splits over blocks, and the launch bounds
+    (`min_blocks` a SM) and staging it is compiled with (`choose` decides; codegen renders it)."""
+
     n_rows: int
     n_cols: int
     vec: int              # elements per vector access

@@ -35,8 +35,11 @@ class StashSlot:
     offset: int
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class KernelPlan:
+    """A row kernel, decided: where each value lives (`layout`), the thread mapping, the grid
+    workspace's reductions and the stash. Codegen renders it as it is."""
+
     region: Region
     layout: Layout
     mapping: Mapping
@@ -90,8 +93,11 @@ class KernelPlan:
         return "regional" if has_row_reduce and self.mapping.tpr > 32 else "local"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RegionPlan:
+    """A region's plan: its kernel and estimate, and `reason` where it stays with XLA (then
+    `reason_op` is the traced equation the reason is about, where it names one)."""
+
     region: Region
     kernel: KernelPlan | tile.TilePlan | None
     estimate: cost.Estimate | None
@@ -225,13 +231,15 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         # split only for parallelism; without the buffer its launch lacked a parameter)
         ws = max(offset * 4, 16) if mp.cooperative else 0
         xla_levels = cost.reduction_levels(place(sunk, frozenset())) if online or shifts else None
-        kernel = KernelPlan(region, layout, mp, tuple(reductions), ws, tuple(stash), tuple(splits), online,
-                            bool(tuning.fast_exp) and fast_exp(region), shifts, xla_levels, passes,
-                            diamonds.unfused_reductions(original) if tuning.diamonds else 0, unpaired,
-                            tuning.col_group or column_group(layout.n_cols, mp.grid_cap),
-                            _staged_prefixes(region, layout, mp, tuning))
+        kernel = KernelPlan(region=region, layout=layout, mapping=mp, grid_reductions=tuple(reductions),
+                            workspace_bytes=ws, stash=tuple(stash), split_partials=tuple(splits), online=online,
+                            fast_exp=bool(tuning.fast_exp) and fast_exp(region), shifts=shifts,
+                            xla_levels=xla_levels, passes=passes,
+                            xla_unfused=diamonds.unfused_reductions(original) if tuning.diamonds else 0,
+                            unpaired=unpaired, col_group=tuning.col_group or column_group(layout.n_cols, mp.grid_cap),
+                            prefixes=_staged_prefixes(region, layout, mp, tuning))
     except Unplannable as e:
-        return RegionPlan(original, None, None, str(e), e.op_index)
+        return RegionPlan(region=original, kernel=None, estimate=None, reason=str(e), reason_op=e.op_index)
     busy_sms = min(target.sm_count, mp.grid)
     est = _estimate(kernel, original, target)
     gain = min_gain(tuning)
@@ -240,7 +248,8 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         idle = (f"only {busy_sms} of {target.sm_count} SMs would have work ({mp.n_rows} rows, "
                 f"{mp.rows_per_block} per block{', ' + str(mp.splits) + ' blocks per row' if mp.splits > 1 else ''}): "
                 f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
-    return RegionPlan(original, kernel, est, _decline_reason(region, est, gain, idle, tuning))
+    return RegionPlan(region=original, kernel=kernel, estimate=est,
+                      reason=_decline_reason(region, est, gain, idle, tuning))
 
 
 def _staged_prefixes(region: Region, layout, mp, tuning) -> tuple[Prefix, ...]:
@@ -437,11 +446,12 @@ def _plan_tile(region: Region, target: Target, tuning: mapping_mod.Tuning, relax
         kernel = tile.plan_tile(region, target, tuning, bool(tuning.fast_exp) and fast_exp(region))
     except Unplannable as e:
         why = str(row_error) if isinstance(e, tile.NotATile) else f"{row_error}; as a batch of tiles: {e}"
-        return RegionPlan(region, None, None, why, row_error.op_index)
+        return RegionPlan(region=region, kernel=None, estimate=None, reason=why, reason_op=row_error.op_index)
     if relaxed:
         kernel = dataclasses.replace(kernel, mapping=dataclasses.replace(kernel.mapping, min_blocks=1))
     est = tile.estimate(kernel, target)
-    return RegionPlan(region, kernel, est, _decline_reason(region, est, min_gain(tuning), None, tuning))
+    return RegionPlan(region=region, kernel=kernel, estimate=est,
+                      reason=_decline_reason(region, est, min_gain(tuning), None, tuning))
 
 
 def min_gain(tuning: mapping_mod.Tuning) -> float:
