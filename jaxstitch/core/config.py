@@ -10,75 +10,10 @@ MIN_THREADS_PER_SM = 768  # registers are capped (launch bounds) so that this ma
 
 @dataclasses.dataclass(frozen=True)
 class Tuning:
-    """Overrides of the mapping heuristics (`JAXSTITCH_TUNE`), for measuring alternatives on a GPU.
-
-    None keeps the heuristic. `elems`: elements of a row per thread and live array (a power of two);
-    `min_threads`: threads per SM the launch bounds leave registers for; `stages`: 0 to 4 async
-    staging buffers for rows that fit in registers; `min_gain_pct`: the estimated speedup (in %) the
-    cost model asks for before it stitches (e.g. 100 to measure regions it declines); `splits`:
-    blocks per long row when there are too few rows to fill the GPU (unset or 0: chosen by the
-    planner; 1: never split); `online`: 0 reduces a softmax's max and sum of exponentials in two
-    passes, as written, instead of one (plan/online.py); `shifts`: 0 leaves row-constant shifts
-    inside the reductions (plan/shifts.py); `factors`: 0 leaves row-constant factors inside sums of
-    exponentials (plan/shifts.py: a softmax backward's sum(dy * y) then keeps its own pass), 1 takes
-    them out where rows are walked in chunks or split over blocks, 2 also where a row is held in
-    registers; `fast_exp`: 0 computes exp with expf and erfc with erfcf even in half-precision
-    regions (see planner.fast_exp).
-    For ablations: `stitch`: 0 ends regions where XLA ends its kernels (at every use of a reduced
-    value; siblings not merged); `grid`: 0 gives column and whole-array reductions kernels of their
-    own (no grid barrier next to row work); `remote`: 0 launches independent regions separately;
-    `recompute`: 0 reads every input a region's neighbours write, never recomputing cheap producers
-    (recompute.py), 1 recomputes them where that reads fewer bytes, 2 also counts the write of an
-    input no one else reads and takes in chains sharing a leaf together, 3 (the default) also
-    trades a leaf no kernel writes for the written value one chain before it, and stops writing a
-    value rebuilt from written values and positions (GPT's attention forward: the scaled scores
-    and the float32 exponentials); `variants`: 0
-    gives a shape family's long rows no split-row kernels for few rows (families.py's ladder);
-    `split_rows`: the rows a forced split's stash is sized for, where a family's variant runs (its
-    samples have more); `diamonds`: 0 has the cost model take every row reduction for fused by XLA
-    with the ops reading it back (plan/diamonds.py); `scans`: 0 leaves every `lax.scan` an XLA loop
-    (its body planned on its own) instead of one persistent kernel where that is planned to win
-    (plan/scan.py); `scan_sums`: 0 has a persistent scan compute a product it adds to a
-    sum-over-rows carry into an array of its own, then transpose, add and copy it, as written
-    (plan/scan.py's InPlaceSum); `pairs`: 0 reads a rotary embedding's other half through gathers,
-    with both halves' formulas at every element, instead of from the registers of a paired mapping
-    (plan/pairs.py); `serpentine`: 0 walks a row's chunks in the same order in every pass (see
-    Mapping.serpentine); `scatters`: 0 keeps a scatter-add of one value per row into a fill
-    (take_along_axis's gradient: optax's integer-label cross-entropy) a scatter, a region boundary,
-    instead of the select it is (row_scatter.py); `wide_scatters`: 0 keeps a half-precision
-    scatter-add into a fill (an embedding's gradient) XLA's, added and rounded in the half type
-    update by update, instead of adding in float32 and rounding once (wide_scatter.py);
-    `merge_products`: 1 (the default) writes matrix products that share an operand, or whose
-    results are summed, as one product over concatenations their producers write, and in such a
-    program folds transposes of products into them (merged_products.py, transposed_products.py;
-    GPT bfloat16, H100: 12.19 -> 11.64 ms busy); 0 keeps them as written;
-    `batched_folds`: folds batched products' transposes of the minor axis into them
-    (batched_products.py): 1 (the default) those an op computing with the result reads, 2 every
-    one, 0 none; `product_concats`: 1 counts every concatenation only products read as one XLA
-    copies (merged_products.mark_product_concatenations);
-    `cut_saving_us`: the estimated saving (in µs) a region cut from an unplannable neighbour needs
-    before it is stitched (planner.CUT_MIN_SAVING_US; a large value leaves every such region to
-    XLA); `cmd_buffers`: 0 launches our kernels between XLA's command buffers
-    (CUDA graphs) instead of letting XLA trace them into one (integration/ffi.py TARGET_PLAIN): in one
-    process slower for BERT in both dtypes and for GPT, faster within noise for DIEN,
-    so 1 stays the default; `xla_kernels`: 1 hands kernels the launcher is not needed for to XLA's
-    own kernel call as PTX (kernels/xla_kernel.py), which XLA records into its graphs as kernel
-    nodes; 0 (the default: no gain measured on BERT's or GPT's step) launches every
-    kernel through the launcher; `col_group`: columns a block finishes together after a grid
-    barrier (0, the default: the fewest that leave a group to nearly every block, planner.column_group);
-    `one_wave`: 1 launches a grid-stride row kernel with
-    as many blocks as its cubin lets reside at once (mapping.one_wave), where its registers leave
-    fewer blocks an SM than the plan's grid assumed (8 of 256): GPT's attention softmax, 73
-    registers, runs 1056 blocks in 2.67 waves of 396; 0 (the default: no gain on GPT's or BERT's
-    bfloat16 step, H100) keeps the plan's grid; `wide_converts`: 1 computes on a
-    conversion to bfloat16 unrounded where only arithmetic reads it (wide_converts.py), and has a
-    backward read a softmax's float32 sum (recompute._unrounds); 0 (the default) rounds every one,
-    as the jaxpr says: 1 moved an attention block's bfloat16 gradients a little nearer float32 but
-    rounded less than XLA does on Hopper, whose bfloat16 max, sub and exp are native (a DIEN-like
-    tile kernel then ended 8% of its largest value from jax.jit's; H100); `prefixes`: 0
-    has stage copies read whole rows even where a causal mask reads only a prefix of each
-    (plan/prefixes.py); `teams`: tiles a tile kernel's block works on at once, one a warp (1: the
-    block on one tile; plan/tile.TILE_TEAMS by default)."""
+    """Overrides of the planner's heuristics, and switches for its techniques (`JAXSTITCH_TUNE`), for
+    measuring alternatives on a GPU: every knob in one line, by stage, in docs/usage.md (Planner
+    experiments). None keeps the heuristic; for a switch, 1 is the technique on and 0 off. Where a
+    default was decided by measurement, the field's comment says by what."""
 
     max_tpr: int = 1024
     elems: int | None = None
@@ -93,7 +28,7 @@ class Tuning:
     stitch: int = 1
     grid: int = 1
     remote: int = 1
-    recompute: int = 3
+    recompute: int = 3  # 3: GPT's attention forward stops writing its scaled scores and float32 exponentials
     variants: int = 1
     split_rows: int | None = None
     diamonds: int = 1
@@ -103,15 +38,15 @@ class Tuning:
     serpentine: int = 1
     scatters: int = 1
     wide_scatters: int = 1
-    merge_products: int = 1
+    merge_products: int = 1  # GPT bfloat16, H100: 12.19 -> 11.64 ms busy
     batched_folds: int = 1
     product_concats: int = 0
     cut_saving_us: int | None = None
-    cmd_buffers: int = 1
-    xla_kernels: int = 0
+    cmd_buffers: int = 1  # 0 was slower in one process for BERT (both dtypes) and GPT, a tie for DIEN
+    xla_kernels: int = 0  # 1 gained nothing on BERT's or GPT's step
     col_group: int = 0
-    one_wave: int = 0
-    wide_converts: int = 0
+    one_wave: int = 0  # 1 gained nothing on GPT's or BERT's bfloat16 step (H100)
+    wide_converts: int = 0  # 1 rounds less than XLA on Hopper: a DIEN-like tile kernel ended 8% off jax.jit's
     prefixes: int = 1
     teams: int | None = None
 
