@@ -54,7 +54,8 @@ def _is_dynamic(x) -> bool:
 
 def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, static_argnums=None,
         static_argnames=None, donate_argnums=None, donate_argnames=None, keep_unused: bool = False,
-        device=None, backend=None, inline=False, compiler_options=None, target=None, guard=None):
+        device=None, backend=None, inline=False, compiler_options=None, target=None, guard=None,
+        tuning=None):
     """Like `jax.jit`, with the memory-bound regions of `fun` stitched into our own CUDA kernels.
 
     On a machine without a CUDA GPU (and no `target`), this is exactly `jax.jit(fun, ...)`.
@@ -73,18 +74,21 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
     `jax.jit`'s on that call's inputs and keep the faster. None (the default): on where the kernels
     run on a GPU, unless JAXSTITCH_GUARD=0; False: off; True: on anywhere. The function returned
     then lists what it chose in `.guard_decisions`.
+
+    `tuning`: planner overrides for this function, as a `JAXSTITCH_TUNE` string ("max_tpr=128,elems=16")
+    or a `jaxstitch.core.config.Tuning`; None: JAXSTITCH_TUNE's (every knob: docs/usage.md).
     """
     options = dict(in_shardings=in_shardings, out_shardings=out_shardings, static_argnums=static_argnums,
                    static_argnames=static_argnames, donate_argnums=donate_argnums,
                    donate_argnames=donate_argnames, keep_unused=keep_unused, device=device, backend=backend,
                    inline=inline, compiler_options=compiler_options)
     if fun is None:
-        return functools.partial(jit, **options, target=target, guard=guard)
+        return functools.partial(jit, **options, target=target, guard=guard, tuning=tuning)
     _check_fun(fun, "jaxstitch.jit")
     tgt = _resolve_target(target, "jaxstitch.jit")
     donate = _argnums_and_names(fun, donate_argnums, donate_argnames, "donate", "jaxstitch.jit")
     jit_kwargs = {k: v for k, v in options.items() if v is not None or k not in _UNSET_IF_NONE}
-    cfg = config.load()
+    cfg = _with_tuning(config.load(), tuning, "jaxstitch.jit")
     if cfg.disabled:
         return jax.jit(fun, **jit_kwargs)
     from .integration import availability  # (what is missing here, said once a process with its fix)
@@ -122,6 +126,22 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
         measurable=in_shardings is None and out_shardings is None,
         decisions_dir=os.path.join(cfg.cache_dir, guard_mod.DECISIONS_DIR), options=repr(sorted(jit_kwargs.items()))))
     return guarded[0]
+
+
+def _with_tuning(cfg: config.Config, tuning, who: str) -> config.Config:
+    """`cfg` with the planner overrides `tuning` (a JAXSTITCH_TUNE string or a Tuning) in place of
+    JAXSTITCH_TUNE's; a bad value is an error naming the argument."""
+    if tuning is None:
+        return cfg
+    if isinstance(tuning, str):
+        try:
+            tuning = config.Tuning.parse(tuning)
+        except ValueError as e:
+            raise ValueError(f"{who}: argument `tuning`: {e}") from None
+    if not isinstance(tuning, config.Tuning):
+        raise TypeError(f"{who}: argument `tuning` must be a string like 'max_tpr=128' or a Tuning, "
+                        f"got {type(tuning).__name__}")
+    return dataclasses.replace(cfg, tuning=tuning)
 
 
 def _guard_on(guard, cfg: config.Config) -> bool:
@@ -205,11 +225,11 @@ def _donated_flags(args, kwargs, donate_argnums, donate_argnames) -> list[bool]:
     return jax.tree_util.tree_leaves(flags)
 
 
-def explain(fun: Callable, *args: Any, target=None, **kwargs: Any) -> report_mod.Report:
+def explain(fun: Callable, *args: Any, target=None, tuning=None, **kwargs: Any) -> report_mod.Report:
     """Plan `fun` for `args` (arrays or `jax.ShapeDtypeStruct`s) and report what would be stitched.
 
     Runs the whole pipeline except execution, including NVRTC, so it works on a CPU-only machine
-    given a `target`.
+    given a `target`. `target` and `tuning` are `jit`'s; every other keyword goes to `fun`.
     """
     _check_fun(fun, "jaxstitch.explain")
     tgt = _resolve_target(target, "jaxstitch.explain") or devices.detect()
@@ -217,7 +237,7 @@ def explain(fun: Callable, *args: Any, target=None, **kwargs: Any) -> report_mod
         raise ValueError("jaxstitch.explain: no CUDA GPU here; pass argument `target` (e.g. target='h100')")
     dyn, static, tree = _split_dynamic(args, kwargs)
     before, t0 = cache.stats(), time.perf_counter()
-    program = families.build_any(fun, dyn, tree, tgt, config.load(), static)
+    program = families.build_any(fun, dyn, tree, tgt, _with_tuning(config.load(), tuning, "jaxstitch.explain"), static)
     seconds, after = time.perf_counter() - t0, cache.stats()
     used = cache.Stats(*(a - b for a, b in zip(dataclasses.astuple(after), dataclasses.astuple(before))))
     return report_mod.make_report(program, used, families.is_symbolic(dyn), seconds)

@@ -24,7 +24,7 @@ _WHO = "jaxstitch.nnx.jit"
 def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, static_argnums=None,
         static_argnames=None, donate_argnums=None, donate_argnames=None, keep_unused: bool = False,
         device=None, backend=None, inline=False, graph=None, graph_updates=None, compiler_options=None,
-        target=None, guard=None):
+        target=None, guard=None, tuning=None):
     """Stitch `fun(*args, **kwargs)`, whose arguments may be NNX objects (modules, optimizers,
     `nnx.Rngs`), updating those objects in place. Results must not hold NNX objects.
 
@@ -35,13 +35,13 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
     `inline`; `graph` and `graph_updates` may only be left as they are or True (this always splits
     in graph mode and writes updates back). `in_shardings` is refused: place the arrays (e.g.
     `jax.device_put` of the state) and the call follows their shardings. `compiler_options`,
-    `target` and `guard` are `jaxstitch.jit`'s.
+    `target`, `guard` and `tuning` are `jaxstitch.jit`'s.
     """
     options = dict(in_shardings=in_shardings, out_shardings=out_shardings, static_argnums=static_argnums,
                    static_argnames=static_argnames, donate_argnums=donate_argnums,
                    donate_argnames=donate_argnames, keep_unused=keep_unused, device=device, backend=backend,
                    inline=inline, graph=graph, graph_updates=graph_updates,
-                   compiler_options=compiler_options, target=target, guard=guard)
+                   compiler_options=compiler_options, target=target, guard=guard, tuning=tuning)
     if fun is None:
         return functools.partial(jit, **options)
     api._check_fun(fun, _WHO)
@@ -52,7 +52,7 @@ def jit(fun: Callable | None = None, *, in_shardings=None, out_shardings=None, s
     stitched = api.jit(_pure(fun), static_argnums=(0, 1, 2), donate_argnums=(3,), keep_unused=keep_unused,
                        device=device, backend=backend, inline=inline, compiler_options=compiler_options,
                        out_shardings=None if out_shardings is None else (out_shardings, None), target=target,
-                       guard=guard)
+                       guard=guard, tuning=tuning)
 
     @functools.wraps(fun)
     def wrapper(*args, **kwargs):

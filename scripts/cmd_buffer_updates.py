@@ -26,16 +26,15 @@ def child(args):
     import jax
 
     import jaxstitch
-    from jaxstitch.bench import runner as bench
     from example_models import load_example
 
     example, init, batches = load_example(args)
     batch = batches(0)
     graphdef, state = init()
     jit = jax.jit if args.variant == "jax.jit" else jaxstitch.jit
-    with bench._tuned(args.spec or None):
-        f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,))
-        _, state = f(graphdef, state, batch)
+    tuned = {"tuning": args.spec} if args.spec and jit is jaxstitch.jit else {}
+    f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,), **tuned)
+    _, state = f(graphdef, state, batch)
     jax.block_until_ready(state)
     for phase in ("in flight", "alone"):
         print(MARK + phase, file=sys.stderr, flush=True)

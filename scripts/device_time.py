@@ -118,8 +118,7 @@ def main():
                   f"{100 * ideal / xs:.0f}% | {xk:.0f}→{sk:.0f} | {err:.1e} |", flush=True)
             timed = []
             for spec in opts.tune:
-                with bench._tuned(spec):  # (read when jaxstitch.jit is made)
-                    f = jaxstitch.jit(w.fn)
+                f = jaxstitch.jit(w.fn, tuning=spec)
                 vs = statistics.median(one_call(f, args)[0] for _ in range(opts.calls))
                 timed.append(f"{spec}: {vs:.1f} ({ss / vs:.2f}x, {100 * ideal / vs:.0f}%)")
             if timed:

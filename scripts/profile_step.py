@@ -140,14 +140,13 @@ def main():
     variants = [("jax.jit", jax.jit, None), ("jaxstitch.jit", jaxstitch.jit, None)]
     variants += [(f"jaxstitch.jit {spec}", jaxstitch.jit, spec) for spec in args.tune]
     for name, jit, spec in variants:
-        with bench._tuned(spec):  # (read by jaxstitch.jit and explain; planned at the first call)
-            profile_variant(example, init, batch, name, jit, busy_of, args)
+        profile_variant(example, init, batch, name, jit, busy_of, args, spec)
 
 
-def profile_variant(example, init, batch, name, jit, busy_of, args):
-    """One compiler's timeline, printed."""
+def profile_variant(example, init, batch, name, jit, busy_of, args, spec=None):
+    """One compiler's timeline, printed (`spec`: jaxstitch's planner overrides, JAXSTITCH_TUNE's form)."""
     graphdef, state = init()
-    f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,))
+    f = jit(example.train_step, static_argnums=(0,), donate_argnums=(1,), **({"tuning": spec} if spec else {}))
     every = profile(f, graphdef, state, batch(0))
     events = [e for e in every if e.get("cat") == "kernel"]
     busy = sum(e["dur"] for e in events)
@@ -165,7 +164,7 @@ def profile_variant(example, init, batch, name, jit, busy_of, args):
     busy_of[name] = busy
     if "ours" in parts:
         graphdef, state = init()
-        report = jaxstitch.explain(example.train_step, graphdef, state, batch(0))
+        report = jaxstitch.explain(example.train_step, graphdef, state, batch(0), tuning=spec)
         bandwidth = bench.measure_bandwidth(False, 10)
         print(roofline_bound(report, parts, busy_of["jax.jit"], bandwidth))
         print("  our kernels by launch shape (measured, roofline, the plan's estimate):")

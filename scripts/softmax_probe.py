@@ -57,8 +57,7 @@ def main():
                 x = x[:fun.__code__.co_argcount]
                 (r,) = jaxstitch.explain(fun, *x).regions
                 fs = [jax.jit(fun), jaxstitch.jit(fun)]
-                with bench._tuned("min_gain_pct=0"):
-                    fs.append(jaxstitch.jit(fun))
+                fs.append(jaxstitch.jit(fun, tuning="min_gain_pct=0"))
                 for f in fs[1:]:
                     assert bench.max_rel_err(f(*x), fs[0](*x)) < 1e-2
                 us = [statistics.median(one_call(f, x)[0] for _ in range(7)) for f in fs]

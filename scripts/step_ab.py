@@ -37,7 +37,6 @@ if "--gpu-time" in sys.argv:  # torch's CUPTI profiler, imported before jax (the
 import jax  # noqa: E402
 
 import jaxstitch  # noqa: E402
-from jaxstitch.bench import runner as bench  # noqa: E402
 import train_harness  # noqa: E402
 from example_models import load_example, model_arguments  # noqa: E402
 
@@ -63,10 +62,9 @@ def main():
     for name, jit, spec, options in variants:
         t = time.perf_counter()
         graphdef, state = init()
-        with bench._tuned(spec):  # (read by jaxstitch.jit; planned and compiled at the first call)
-            flat, state = train_harness.over_leaves(example.train_step, graphdef, state)
-            f = jit(flat, donate_argnums=(0,), **options)
-            _, state = f(state, batch)
+        flat, state = train_harness.over_leaves(example.train_step, graphdef, state)
+        f = jit(flat, donate_argnums=(0,), **options, **({"tuning": spec} if spec else {}))
+        _, state = f(state, batch)  # (planned and compiled at the first call)
         jax.block_until_ready(state)
         print(f"  ({name}: first step, with tracing, planning and compiling, {time.perf_counter() - t:.1f} s)",
               flush=True)

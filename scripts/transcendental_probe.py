@@ -64,8 +64,7 @@ CASES = {f.__name__: f for f in (fig7_chain, fig7_exp, ln_gelu_erf, ln_gelu_tanh
 
 def estimates(fn, args, tune=None):
     """(stitched?, our estimate µs, XLA's estimate µs) of the one region."""
-    with bench._tuned(tune):
-        r = jaxstitch.explain(fn, *args).regions[0]
+    r = jaxstitch.explain(fn, *args, tuning=tune).regions[0]
     return r.stitched, r.est_us, r.xla_est_us
 
 
@@ -90,8 +89,7 @@ def main():
             kx, kw = jax.random.split(jax.random.key(1))
             args = (jax.random.normal(kx, (n, c), dtype), 1.0 + 0.1 * jax.random.normal(kw, (c,), dtype))
             xla = jax.jit(fn)
-            with bench._tuned(forced):
-                ours = jaxstitch.jit(fn)
+            ours = jaxstitch.jit(fn, tuning=forced)
             want = jax.block_until_ready(xla(*args))
             err = bench.max_rel_err(jax.block_until_ready(ours(*args)), want)
             xla_calls = [device_time.one_call(xla, args) for _ in range(opts.calls)]

@@ -43,6 +43,35 @@ def test_every_jax_jit_parameter_is_accepted():
     assert "target" in ours
 
 
+def _softmax(x):
+    return jax.nn.softmax(x, axis=-1)
+
+
+def test_tuning_overrides_the_environment_for_one_function(monkeypatch):
+    """`tuning=` plans this function with those overrides, whatever JAXSTITCH_TUNE says, in `jit`
+    (the configuration its builds get) and in `explain` (the plan it reports)."""
+    from jaxstitch.integration import families
+
+    monkeypatch.setenv("JAXSTITCH_TUNE", "max_tpr=64")
+    seen = []
+    build = families.build_any
+    monkeypatch.setattr(families, "build_any", lambda *a, **k: seen.append(a[4].tuning) or build(*a, **k))
+    x = jnp.ones((64, 4096), jnp.float32)
+    jaxstitch.jit(_softmax, target=TARGET, guard=False, tuning="max_tpr=128,online=0")(x)
+    jaxstitch.jit(_softmax, target=TARGET, guard=False)(x)
+    assert [(t.max_tpr, t.online) for t in seen] == [(128, 0), (64, 1)]
+    small = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+    forced = jaxstitch.explain(_softmax, small, target=TARGET, tuning=jaxstitch.core.config.Tuning(min_gain_pct=0))
+    default = jaxstitch.explain(_softmax, small, target=TARGET)
+    assert forced.stitched_kernels == 1 and default.stitched_kernels == 0, (forced, default)
+
+
+@pytest.mark.parametrize("tuning, error", [("max_tpr=3", ValueError), ("bogus=1", ValueError), (128, TypeError)])
+def test_a_bad_tuning_is_refused_naming_the_argument(tuning, error):
+    with pytest.raises(error, match="jaxstitch.jit: argument `tuning`"):
+        jaxstitch.jit(_softmax, target=TARGET, tuning=tuning)
+
+
 @pytest.mark.parametrize("options", [
     dict(keep_unused=True), dict(inline=True), dict(static_argnames="unused"), dict(static_argnums=2),
     dict(donate_argnames="y"), dict(donate_argnames=["x", "y"]), dict(donate_argnums=[1]),

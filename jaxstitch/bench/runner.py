@@ -18,12 +18,10 @@ also timed with XLA's Triton fusion flags (XLA_TRITON), the strongest XLA to com
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import functools
 import json
 import math
-import os
 import re
 import statistics
 import sys
@@ -229,22 +227,6 @@ def stitch_jit():
     return functools.partial(jaxstitch.jit, guard=False)
 
 
-@contextlib.contextmanager
-def _tuned(spec: str | None):
-    """JAXSTITCH_TUNE=spec inside the block."""
-    old = os.environ.get("JAXSTITCH_TUNE")
-    if spec is not None:
-        os.environ["JAXSTITCH_TUNE"] = spec
-    try:
-        yield
-    finally:
-        if spec is not None:
-            if old is None:
-                os.environ.pop("JAXSTITCH_TUNE")
-            else:
-                os.environ["JAXSTITCH_TUNE"] = old
-
-
 def bench_one(workload, dtype_name, quick, reps, bandwidth, stitch, tunings=(), xla_triton=False) -> dict:
     """Times jax.jit and jaxstitch.jit of one workload; returns a row of numbers. Each of `tunings`
     (JAXSTITCH_TUNE specs) adds a stitched variant timed in the same interleaved repeats, and
@@ -255,9 +237,8 @@ def bench_one(workload, dtype_name, quick, reps, bandwidth, stitch, tunings=(), 
     got = jax.block_until_ready(stitch_f(*args))
     variants = []
     for spec in tunings:
-        with _tuned(spec):  # jaxstitch.jit reads its configuration when it is made
-            f = stitch(workload.fn)
-            variant_err = max_rel_err(jax.block_until_ready(f(*args)), want)
+        f = stitch(workload.fn, tuning=spec)
+        variant_err = max_rel_err(jax.block_until_ready(f(*args)), want)
         variants.append((spec, f, variant_err))
     triton_f = _xla_triton(workload.fn, args) if xla_triton else None
     moved = tree_bytes(args) + tree_bytes(want)
