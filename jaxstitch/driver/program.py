@@ -42,6 +42,9 @@ class Compiled:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Program:
+    """A function as the pipeline built it: its trace and partition, every region compiled or left to
+    XLA (with the reason), and its control-flow bodies built as programs of their own."""
+
     traced: trace_mod.Traced
     partition: partition_mod.Partition
     regions: tuple[Compiled, ...]
