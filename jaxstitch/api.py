@@ -133,14 +133,13 @@ def _with_tuning(cfg: config.Config, tuning, who: str) -> config.Config:
     JAXSTITCH_TUNE's; a bad value is an error naming the argument."""
     if tuning is None:
         return cfg
-    if isinstance(tuning, str):
-        try:
-            tuning = config.Tuning.parse(tuning)
-        except ValueError as e:
-            raise ValueError(f"{who}: argument `tuning`: {e}") from None
-    if not isinstance(tuning, config.Tuning):
+    if not isinstance(tuning, (str, config.Tuning)):
         raise TypeError(f"{who}: argument `tuning` must be a string like 'max_tpr=128' or a Tuning, "
                         f"got {type(tuning).__name__}")
+    try:
+        tuning = config.Tuning.parse(tuning) if isinstance(tuning, str) else tuning.checked()
+    except ValueError as e:
+        raise ValueError(f"{who}: argument `tuning`: {e}") from None
     return dataclasses.replace(cfg, tuning=tuning)
 
 

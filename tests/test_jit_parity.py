@@ -66,7 +66,8 @@ def test_tuning_overrides_the_environment_for_one_function(monkeypatch):
     assert forced.stitched_kernels == 1 and default.stitched_kernels == 0, (forced, default)
 
 
-@pytest.mark.parametrize("tuning, error", [("max_tpr=3", ValueError), ("bogus=1", ValueError), (128, TypeError)])
+@pytest.mark.parametrize("tuning, error", [("max_tpr=3", ValueError), ("bogus=1", ValueError), (128, TypeError),
+                                           (jaxstitch.core.config.Tuning(stages=9), ValueError)], ids=str)
 def test_a_bad_tuning_is_refused_naming_the_argument(tuning, error):
     with pytest.raises(error, match="jaxstitch.jit: argument `tuning`"):
         jaxstitch.jit(_softmax, target=TARGET, tuning=tuning)

@@ -65,7 +65,12 @@ class Tuning:
             if name not in cls.FIELDS or not value.strip().isdigit():
                 raise ValueError(f"{item!r}: expected NAME=INTEGER with NAME one of {', '.join(cls.FIELDS)}")
             values[name] = int(value)
-        t = cls(**values)
+        return cls(**values).checked()
+
+    def checked(self) -> "Tuning":
+        """This Tuning, if every knob is in its range; else ValueError naming the knob. (Planning's own
+        variations of a Tuning, such as halving `elems`, are not checked.)"""
+        t = self
         for name in ("max_tpr", "elems"):
             n = getattr(t, name)
             if n is not None and (n < 1 or n > 1024 or n & (n - 1)):
