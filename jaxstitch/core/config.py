@@ -154,12 +154,17 @@ def _xla_flag(flags: str, name: str, default: bool) -> bool:
     return value
 
 
+def _number(name: str, value: str | None, default: float, expected: str) -> float:
+    """`value` as a float, `default` where unset; else ValueError naming the variable and `expected`."""
+    try:
+        return float(value) if value not in (None, "") else default
+    except ValueError:
+        raise ValueError(f"{name}={value!r}: expected {expected}") from None
+
+
 def _seconds(name: str, value: str | None, default: float) -> float:
     """A duration in seconds, at least 0; `default` where unset."""
-    try:
-        seconds = float(value) if value not in (None, "") else default
-    except ValueError:
-        raise ValueError(f"{name}={value!r}: expected a number of seconds (0: no limit)") from None
+    seconds = _number(name, value, default, "a number of seconds (0: no limit)")
     if not seconds >= 0:
         raise ValueError(f"{name}={value!r}: expected a number of seconds at least 0 (0: no limit)")
     return seconds
@@ -167,10 +172,7 @@ def _seconds(name: str, value: str | None, default: float) -> float:
 
 def _megabytes(name: str, value: str | None, default: int) -> int:
     """A size in MB (decimal allowed) as bytes; `default` MB where unset."""
-    try:
-        mb = float(value) if value not in (None, "") else default
-    except ValueError:
-        raise ValueError(f"{name}={value!r}: expected a number of MB (0: unbounded)") from None
+    mb = _number(name, value, default, "a number of MB (0: unbounded)")
     if not 0 <= mb < float("inf"):
         raise ValueError(f"{name}={value!r}: expected a number of MB (0: unbounded)")
     return int(mb * (1 << 20))

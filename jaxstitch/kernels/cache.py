@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 
+from ..core import config
 from . import nvrtc
 
 log = logging.getLogger("jaxstitch")
@@ -352,8 +353,6 @@ def _remove(path: str):
 
 
 def _max_bytes() -> int:
-    from ..core import config  # (config imports the planner, which imports nothing of ours back)
-
     return config.load().cache_max_bytes
 
 
