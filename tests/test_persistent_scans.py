@@ -178,8 +178,9 @@ def test_rows_must_stay_apart(step, why):
     block (no batch axis), or not at all when an op has no kernel code (cumsum here)."""
     h0, xs = jnp.ones((64, 8)), jnp.ones((5, 64, 8))
     if why == "cumsum":
-        with pytest.raises(S.Unplannable):
+        with pytest.raises(S.Unplannable) as refused:
             _kinds_of(step, h0, xs)
+        assert refused.value.kind is S.ReasonKind.OP, refused.value  # (the first batch size's reason)
         return
     body, found = _kinds_of(step, h0, xs)
     batches = [b for b, _ in found]

@@ -13,7 +13,7 @@ import string
 from ..core import ir
 from ..core import ops as opdefs
 from ..plan import KernelPlan
-from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR, Unplannable
+from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR, ReasonKind, Unplannable
 from ..plan.remote import RemotePlan
 from ..plan.scan import ScanPlan
 from ..plan.tile import TilePlan
@@ -180,7 +180,7 @@ def _render_rows(plan: KernelPlan) -> Source:
     grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
     for op in grid_ops:
         if CTYPE[op.outputs[0].dtype] != "float":
-            raise Unplannable(f"{op.prim} over the grid of a {op.outputs[0].dtype} value")
+            raise Unplannable(ReasonKind.DTYPE, f"{op.prim} over the grid of a {op.outputs[0].dtype} value")
     params = [f"const {STYPE[v.dtype]}* __restrict__ in{i}" for i, v in enumerate(region.inputs)]
     params += [f"{STYPE[v.dtype]}* __restrict__ out{j}" for j, v in enumerate(region.outputs)]
     if m.cooperative:

@@ -11,7 +11,7 @@ import string
 from ..core import ir
 from ..core import ops as opdefs
 from ..graph.partition import Region
-from ..plan.layout import Unplannable
+from ..plan.layout import ReasonKind, Unplannable
 from ..plan.remote import RemotePlan
 from .cuda_ops import CTYPE, EXPR, STYPE, as_written, as_xla_rounds, layout_root, literal, written_half
 from .kernel import KERNEL_NAME, Writer, template
@@ -67,7 +67,7 @@ class _Body:
 
     def expr(self, op: ir.Op) -> str:
         if op.prim not in EXPR or len(op.outputs) != 1:
-            raise Unplannable(f"{op.prim} has no C expression")
+            raise Unplannable(ReasonKind.OP, f"{op.prim} has no C expression")
         return as_xla_rounds(op, EXPR[op.prim](op, [self.ref(a) for a in op.inputs]), self.region.shared)
 
     def elements(self, w: Writer, width: str, at: str):

@@ -17,7 +17,7 @@ import string
 from ..core import ir
 from ..core import ops as opdefs
 from ..plan import tile as T
-from ..plan.layout import Unplannable
+from ..plan.layout import ReasonKind, Unplannable
 from .cuda_ops import (
     CTYPE,
     REDUCE,
@@ -170,7 +170,7 @@ class _Emitter:
 def _reduce(op: ir.Op):
     ctype = CTYPE[op.outputs[0].dtype]
     if op.prim not in REDUCE:
-        raise Unplannable(f"{op.prim} in a tile")
+        raise Unplannable(ReasonKind.OP, f"{op.prim} in a tile")
     functor, ident = REDUCE[op.prim]
     return ctype, functor, ident[ctype]
 

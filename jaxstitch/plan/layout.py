@@ -8,6 +8,7 @@ it actually varies over: a broadcast row value stays one scalar per row in regis
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 
 from ..core import ir
@@ -23,15 +24,42 @@ PAIR_SWAP, PAIR_HALF = "pair_swap", "pair_half"
 EPILOGUE = -1  # level of values that exist only after the grid-wide reduction
 
 
-class Unplannable(Exception):
-    """The region cannot be planned as one kernel: `detail` is the reason shown, and `op_index` the
-    traced equation it is about, where it names one (the report shows that equation's line in the
-    user's source)."""
+class ReasonKind(str, enum.Enum):
+    """What kind of obstacle keeps a region from being stitched: the report groups regions by it,
+    and code tells reasons apart by it, never by their text."""
 
-    def __init__(self, detail: str, *, op: ir.Op | None = None):
+    LAYOUT = "layout"        # a value's shape or axes do not fit the kernel's rows x cols or tile space
+    OP = "op"                # an op, or a form of one, the kernels do not implement
+    DTYPE = "dtype"          # an op the kernels implement, but not for this dtype
+    RESOURCES = "resources"  # shared memory, registers, threads or grid past what a block or SM has
+    TILE = "tile"            # no batch of tiles at all (NotATile): a tile plan was never tried
+    SCAN = "scan"            # a lax.scan whose steps would mix the rows its blocks own
+    COST = "cost"            # planned, but the cost model leaves it to XLA (a RegionPlan's only)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Unplannable(Exception):
+    """The region cannot be planned as one kernel: `kind` says what stands in the way, `detail` is the
+    reason shown (str(e)), and `op_index` the traced equation it is about, where it names one (the
+    report shows that equation's line in the user's source)."""
+
+    def __init__(self, kind: ReasonKind, detail: str, *, op: ir.Op | None = None):
         super().__init__(detail)
+        self.kind = ReasonKind(kind)
         self.detail = detail
-        self.op_index = op.index if op is not None and op.index >= 0 else None
+        self.op_index = _op_index(op)
+
+    def about(self, op: ir.Op) -> Unplannable:
+        """This reason, naming `op` where it names no op yet (raised below the op it is about)."""
+        if self.op_index is None:
+            self.op_index = _op_index(op)
+        return self
+
+
+def _op_index(op: ir.Op | None) -> int | None:
+    return op.index if op is not None and op.index >= 0 else None
 
 
 def join(kinds) -> str:
@@ -88,7 +116,7 @@ def row_space(region: Region) -> tuple[int, int]:
             s = op.inputs[0].shape
             shapes.add((math.prod(s) // s[op.param("axis")], s[op.param("axis")]))
     if len(shapes) > 1:
-        raise Unplannable(f"row reductions or scans over different row lengths {sorted(shapes)}")
+        raise Unplannable(ReasonKind.LAYOUT, f"row reductions or scans over different row lengths {sorted(shapes)}")
     if shapes:
         return shapes.pop()
     for op in region.ops:
@@ -114,7 +142,7 @@ def row_axes(shape, n_rows) -> int:
         prod *= d
     if prod == n_rows:
         return len(shape)
-    raise Unplannable(f"shape {shape} does not split into {n_rows} rows")
+    raise Unplannable(ReasonKind.LAYOUT, f"shape {shape} does not split into {n_rows} rows")
 
 
 def _declared(v: ir.Value, n: int, c: int, hint: str | None = None, constant: bool = False,
@@ -123,7 +151,8 @@ def _declared(v: ir.Value, n: int, c: int, hint: str | None = None, constant: bo
     size = v.size
     options = [k for k, s in ((SCALAR, 1), (FULL, n * c), (ROW, n), (COL, c)) if s == size]
     if not options:
-        raise Unplannable(f"value of shape {v.shape} is neither a row, a column, a scalar nor the full {n}x{c}",
+        raise Unplannable(ReasonKind.LAYOUT,
+                          f"value of shape {v.shape} is neither a row, a column, a scalar nor the full {n}x{c}",
                           op=op)
     if len(options) == 1:
         return options[0]
@@ -135,7 +164,7 @@ def _declared(v: ir.Value, n: int, c: int, hint: str | None = None, constant: bo
 
 
 def _ambiguous(v, options, op: ir.Op | None):
-    raise Unplannable(f"shape {v.shape} is ambiguous between {' and '.join(options)}", op=op)
+    raise Unplannable(ReasonKind.LAYOUT, f"shape {v.shape} is ambiguous between {' and '.join(options)}", op=op)
 
 
 def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
@@ -161,7 +190,7 @@ def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
         epi = bool(vals) and all(p.level == EPILOGUE for p in vals)
         # (partition keeps these apart; a merge across data-moving ops could bring them together)
         if not epi and any(p.level == EPILOGUE for p in vals):
-            raise Unplannable(f"{op.prim} reads a grid-reduced value beside row work", op=op)
+            raise Unplannable(ReasonKind.LAYOUT, f"{op.prim} reads a grid-reduced value beside row work", op=op)
         level = EPILOGUE if epi else max((p.level for p in vals), default=0)
         out = op.outputs[0]
         if op.prim in opdefs.ELEMENTWISE:
@@ -193,7 +222,7 @@ def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
             placed[out.id] = Placed(out, decl, decl, max((p.level for p in vals[1:]), default=0))
         elif op.prim in opdefs.SCANS:  # each element from its row's elements before it: full
             if level == EPILOGUE or out.size != n * c:
-                raise Unplannable(f"{op.prim} of a value that is not the full {n}x{c} rows", op=op)
+                raise Unplannable(ReasonKind.LAYOUT, f"{op.prim} of a value that is not the full {n}x{c} rows", op=op)
             placed[out.id] = Placed(out, FULL, FULL, level)
         elif op.prim in opdefs.REDUCTIONS:
             operands = [get(a) for a in opdefs.reduced_operands(op) if isinstance(a, ir.Value)]
@@ -202,13 +231,13 @@ def place(region: Region, online_sums: frozenset[int] = frozenset()) -> Layout:
             if out.id in online_sums:
                 placed[out.id] = dataclasses.replace(placed[out.id], level=ins[0].level)
         else:
-            raise Unplannable(f"{op.prim} has no placement rule", op=op)
+            raise Unplannable(ReasonKind.OP, f"{op.prim} has no placement rule", op=op)
         if any(o.size != out.size for o in op.outputs[1:]):
-            raise Unplannable(f"{op.prim} has outputs of different sizes", op=op)
+            raise Unplannable(ReasonKind.OP, f"{op.prim} has outputs of different sizes", op=op)
     for v in region.outputs:
         p = placed[v.id]
         if p.level != EPILOGUE and p.declared == COL and p.storage == FULL:
-            raise Unplannable("a column value varies over rows")
+            raise Unplannable(ReasonKind.LAYOUT, "a column value varies over rows")
     return Layout(n, c, tuple(placed[v.id] for v in region.inputs)
                   + tuple(placed[o.id] for op in region.ops for o in op.outputs if o.id in placed))
 
@@ -254,9 +283,11 @@ def _check_spread(src: Placed, dims, out: ir.Value, n: int, op: ir.Op):
     B*H*S == S*S, say) is neither."""
     j = row_axes(out.shape, n)
     if src.declared == ROW and not all(d < j for d in dims):
-        raise Unplannable(f"broadcast of a row value {src.value.shape} into columns {out.shape}", op=op)
+        raise Unplannable(ReasonKind.LAYOUT,
+                          f"broadcast of a row value {src.value.shape} into columns {out.shape}", op=op)
     if src.declared == COL and not all(d >= j for d in dims):
-        raise Unplannable(f"broadcast of a column value {src.value.shape} into rows {out.shape}", op=op)
+        raise Unplannable(ReasonKind.LAYOUT,
+                          f"broadcast of a column value {src.value.shape} into rows {out.shape}", op=op)
 
 
 def _place_iota(op: ir.Op, n: int, c: int) -> Placed:
@@ -281,15 +312,15 @@ def _place_reduction(op: ir.Op, out: ir.Value, operands: list[Placed], n: int, c
     if kind == "row":
         for p in operands:
             if p.declared != FULL:
-                raise Unplannable(f"{op.prim} reduces a {p.declared} value over part of it", op=op)
+                raise Unplannable(ReasonKind.LAYOUT, f"{op.prim} reduces a {p.declared} value over part of it", op=op)
         return Placed(out, _declared(out, n, c, ROW, op=op), ROW, src.level + 1)
     if kind == "grid":
         if src.level == EPILOGUE:
-            raise Unplannable("a grid-wide reduction of a value that is itself grid-reduced", op=op)
+            raise Unplannable(ReasonKind.LAYOUT, "a grid-wide reduction of a value that is itself grid-reduced", op=op)
         if src.declared == COL:
-            raise Unplannable("a reduction of a column value", op=op)
+            raise Unplannable(ReasonKind.LAYOUT, "a reduction of a column value", op=op)
         decl = _declared(out, n, c, COL if out.size == c and src.declared == FULL else SCALAR, op=op)
         if decl == ROW:
-            raise Unplannable(f"{op.prim} over the leading axes of a row value", op=op)
+            raise Unplannable(ReasonKind.LAYOUT, f"{op.prim} over the leading axes of a row value", op=op)
         return Placed(out, decl, decl, EPILOGUE)
-    raise Unplannable(f"{op.prim} over axes {op.param('axes')}", op=op)
+    raise Unplannable(ReasonKind.LAYOUT, f"{op.prim} over axes {op.param('axes')}", op=op)

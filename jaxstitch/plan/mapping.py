@@ -20,7 +20,7 @@ import math
 from ..core import ir
 from ..core.config import Tuning
 from ..core.targets import Target
-from .layout import COL, FULL, Layout, Unplannable
+from .layout import COL, FULL, Layout, ReasonKind, Unplannable
 
 MAX_ELEMS_PER_THREAD = 32
 CHUNKED_TPR = 512
@@ -482,7 +482,8 @@ def choose(layout: Layout, region_io: list[ir.Value], n_live_arrays: int, grid_r
     rows_per_block = 1 if splits > 1 else max(1, 256 // tpr)  # a split row's slice is a block's task
     block = tpr * rows_per_block
     if chunks > 1 and col_partials:
-        raise Unplannable(f"column reductions over rows of {c} elements (longer than a block "
+        raise Unplannable(ReasonKind.OP,
+                          f"column reductions over rows of {c} elements (longer than a block "
                           "holds in registers) are not implemented")
     stash, stages, stash_chunks, smem = _choose_stash(n, c, vec, vpt, chunks, block, splits, stash_per_sm,
                                                       stash_itemsizes, target, tuning)
@@ -508,7 +509,8 @@ def _paired_shape(c: int, vec: int, tpr: int, vpt: int, chunks: int, h: int,
     within one row's threads, the row held whole (no chunks, no padding). Until the vectors are even,
     halves the threads per row, or where a thread would then hold more than `most`, the vector."""
     if chunks > 1 or c % (2 * h):
-        raise Unplannable(f"halves of {h} columns cannot be paired in rows of {c} held in {chunks} chunks")
+        raise Unplannable(ReasonKind.LAYOUT,
+                          f"halves of {h} columns cannot be paired in rows of {c} held in {chunks} chunks")
     while vpt % 2:
         if 2 * vpt * vec > most and vec > 1:
             vec, vpt = vec // 2, vpt * 2
@@ -517,7 +519,8 @@ def _paired_shape(c: int, vec: int, tpr: int, vpt: int, chunks: int, h: int,
         else:
             break
     if vpt % 2 or h % vec or tpr % (h // vec) or tpr * vpt * vec != c:
-        raise Unplannable(f"no pairing of halves of {h} columns with {tpr} threads of {vpt} vectors "
+        raise Unplannable(ReasonKind.LAYOUT,
+                          f"no pairing of halves of {h} columns with {tpr} threads of {vpt} vectors "
                           f"of {vec} per row of {c}")
     return vec, tpr, vpt
 

@@ -10,7 +10,7 @@ from ..core.targets import Target
 from ..graph.partition import Region
 from . import cost, diamonds, pairs, tile, views
 from . import mapping as mapping_mod
-from .layout import COL, FULL, GATHER, MEMORY, PAIR_HALF, PAIR_SWAP, Layout, Unplannable, place
+from .layout import COL, FULL, GATHER, MEMORY, PAIR_HALF, PAIR_SWAP, Layout, ReasonKind, Unplannable, place
 from .mapping import Mapping
 from .online import OnlineSum, find_online_sums, sum_ids
 from .prefixes import Prefix, find_prefixes
@@ -96,13 +96,17 @@ class KernelPlan:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RegionPlan:
     """A region's plan: its kernel and estimate, and `reason` where it stays with XLA (then
-    `reason_op` is the traced equation the reason is about, where it names one)."""
+    `reason_op` is the traced equation the reason is about, where it names one, and `reason_kind`
+    what kind of obstacle it is, for grouping reasons without reading their text)."""
 
     region: Region
     kernel: KernelPlan | tile.TilePlan | None
     estimate: cost.Estimate | None
     reason: str | None
     reason_op: int | None = None  # the traced equation the reason names, where it names one
+    # An Unplannable's kind, or COST for the cost model's decline; None when stitched, or where the
+    # reason is the pipeline's own (driver/pipeline.py's declines of scan loops among them).
+    reason_kind: ReasonKind | None = None
 
     @property
     def stitched(self) -> bool:
@@ -189,7 +193,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
     try:
         grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
         if any(op.prim in opdefs.PICKING for op in grid_ops):
-            raise Unplannable("argmax/argmin/variadic reduce over the whole grid")
+            raise Unplannable(ReasonKind.OP, "argmax/argmin/variadic reduce over the whole grid")
         region, layout, mp, unpaired = _paired_or_not(region, layout, online, passes, target, tuning)
         row_inputs = [v for v in region.inputs if layout.of(v).storage == FULL]
         row_reductions = [op for op in region.ops if opdefs.is_row_reduction(op)]
@@ -199,14 +203,14 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
             # measured 1-2% slower there (H100, softmax fwd+bwd of 4096 and of 64 columns).
             return plan_region(original, target, dataclasses.replace(tuning, factors=0), relaxed)
         if mp.chunks > 1 and len({op.param("reverse") for op in scans}) > 1:
-            raise Unplannable(f"scans in both directions along rows of {mp.n_cols} walked in {mp.chunks} "
-                              "chunks (a pass over the chunks runs one way)")
+            raise Unplannable(ReasonKind.OP, f"scans in both directions along rows of {mp.n_cols} walked in "
+                              f"{mp.chunks} chunks (a pass over the chunks runs one way)")
         # A scan's warp totals take static shared memory beside a stash (4 bytes a warp and vector
         # slot, for each of float and int): within the reserve the stash leaves for it.
         scan_bytes = 8 * mp.rows_per_block * (mp.tpr // 32) * mp.vpt if scans and mp.tpr > 32 else 0
         if mp.smem_bytes and scan_bytes > mapping_mod.STATIC_SMEM_RESERVE // 2:
-            raise Unplannable(f"a scan's warp totals need {scan_bytes} bytes of shared memory beside a "
-                              f"{mp.smem_bytes}-byte stash")
+            raise Unplannable(ReasonKind.RESOURCES, f"a scan's warp totals need {scan_bytes} bytes of shared "
+                              f"memory beside a {mp.smem_bytes}-byte stash")
         if relaxed:
             mp = dataclasses.replace(mp, min_blocks=1)
         if (tuning.serpentine and passes > 1 and mp.chunks > 1 and not scans
@@ -239,7 +243,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                             unpaired=unpaired, col_group=tuning.col_group or column_group(layout.n_cols, mp.grid_cap),
                             prefixes=_staged_prefixes(region, layout, mp, tuning))
     except Unplannable as e:
-        return RegionPlan(region=original, kernel=None, estimate=None, reason=str(e), reason_op=e.op_index)
+        return _refused(original, e)
     busy_sms = min(target.sm_count, mp.grid)
     est = _estimate(kernel, original, target)
     gain = min_gain(tuning)
@@ -248,8 +252,19 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
         idle = (f"only {busy_sms} of {target.sm_count} SMs would have work ({mp.n_rows} rows, "
                 f"{mp.rows_per_block} per block{', ' + str(mp.splits) + ' blocks per row' if mp.splits > 1 else ''}): "
                 f"estimated {est.us:.1f} us stitched vs {est.xla_us:.1f} us in XLA")
-    return RegionPlan(region=original, kernel=kernel, estimate=est,
-                      reason=_decline_reason(region, est, gain, idle, tuning))
+    return _declined_or_not(original, kernel, est, _decline_reason(region, est, gain, idle, tuning))
+
+
+def _refused(region: Region, e: Unplannable) -> RegionPlan:
+    """A region no kernel holds: left to XLA with the planner's reason, the op it names and its kind."""
+    return RegionPlan(region=region, kernel=None, estimate=None, reason=str(e), reason_op=e.op_index,
+                      reason_kind=e.kind)
+
+
+def _declined_or_not(region: Region, kernel, est: cost.Estimate, reason: str | None) -> RegionPlan:
+    """A planned region's plan: stitched, or left to XLA by the cost model (`reason`)."""
+    return RegionPlan(region=region, kernel=kernel, estimate=est, reason=reason,
+                      reason_kind=None if reason is None else ReasonKind.COST)
 
 
 def _staged_prefixes(region: Region, layout, mp, tuning) -> tuple[Prefix, ...]:
@@ -444,14 +459,17 @@ def _plan_tile(region: Region, target: Target, tuning: mapping_mod.Tuning, relax
     (plan/tile.py)."""
     try:
         kernel = tile.plan_tile(region, target, tuning, bool(tuning.fast_exp) and fast_exp(region))
-    except Unplannable as e:
-        why = str(row_error) if isinstance(e, tile.NotATile) else f"{row_error}; as a batch of tiles: {e}"
-        return RegionPlan(region=region, kernel=None, estimate=None, reason=why, reason_op=row_error.op_index)
+    except Unplannable as e:  # (the kind of the last plan tried: the tiles', where the region has a tile shape)
+        if isinstance(e, tile.NotATile):
+            why, kind = str(row_error), row_error.kind
+        else:
+            why, kind = f"{row_error}; as a batch of tiles: {e}", e.kind
+        return RegionPlan(region=region, kernel=None, estimate=None, reason=why, reason_op=row_error.op_index,
+                          reason_kind=kind)
     if relaxed:
         kernel = dataclasses.replace(kernel, mapping=dataclasses.replace(kernel.mapping, min_blocks=1))
     est = tile.estimate(kernel, target)
-    return RegionPlan(region=region, kernel=kernel, estimate=est,
-                      reason=_decline_reason(region, est, min_gain(tuning), None, tuning))
+    return _declined_or_not(region, kernel, est, _decline_reason(region, est, min_gain(tuning), None, tuning))
 
 
 def min_gain(tuning: mapping_mod.Tuning) -> float:

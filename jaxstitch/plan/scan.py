@@ -26,7 +26,7 @@ from ..core import ops as opdefs
 from ..core.targets import Target
 from ..graph.partition import Region
 from . import cost
-from .layout import Unplannable
+from .layout import ReasonKind, Unplannable
 
 BATCHED, UNIFORM, SCALAR, PARTIAL = "batched", "uniform", "scalar", "partial"
 # Ops that only rename a value's elements (same row-major order): a stored value's alias.
@@ -159,23 +159,22 @@ def block_shape(v: ir.Value, kind: Kind, rows: int) -> tuple[int, ...]:
     return cut(v.shape, kind.axis if kind.kind == BATCHED else None, rows)
 
 
-def body_reason(body: ir.Graph) -> str | None:
-    """Why a scan body cannot run inside one kernel, or None."""
+def check_body(body: ir.Graph) -> None:
+    """Raises Unplannable where a scan body cannot run inside one kernel."""
     for op in body.ops:
         if op.prim not in opdefs.ELEMENTWISE | RENAMES | SHAPED | REDUCES:
-            return f"{op.prim} in the scan body"
+            raise Unplannable(ReasonKind.OP, f"{op.prim} in the scan body")
         if op.prim == "dot_general" and any(op.param("dimension_numbers", ((), ()))[1]):
-            return "a batched dot_general in the scan body"
+            raise Unplannable(ReasonKind.OP, "a batched dot_general in the scan body")
         if op.prim == "reshape" and op.param("dimensions") is not None:
-            return "a reshape that permutes dimensions in the scan body"
+            raise Unplannable(ReasonKind.OP, "a reshape that permutes dimensions in the scan body")
         for v in op.inputs + op.outputs:
             if v.dtype not in ir.SUPPORTED_DTYPES:
-                return f"a {v.dtype} value in the scan body"
+                raise Unplannable(ReasonKind.DTYPE, f"a {v.dtype} value in the scan body")
             if isinstance(v, ir.Value) and not all(isinstance(d, int) for d in v.shape):
-                return "symbolic sizes in the scan body"
+                raise Unplannable(ReasonKind.SCAN, "symbolic sizes in the scan body")
     if any(isinstance(a, ir.Const) for a in body.outputs):
-        return "a literal result of the scan body"
-    return None
+        raise Unplannable(ReasonKind.SCAN, "a literal result of the scan body")
 
 
 def _dot_dims(op: ir.Op):
@@ -193,7 +192,7 @@ def _op_kind(op: ir.Op, ks: list[Kind], batch: int) -> Kind | list[Kind]:
     kinds = {k.kind for k in ks}
     out = op.outputs[0]
     if PARTIAL in kinds and prim not in _LINEAR:
-        raise Unplannable(f"a sum over rows read by {prim}")
+        raise Unplannable(ReasonKind.SCAN, f"a sum over rows read by {prim}")
     if prim in opdefs.ELEMENTWISE or prim in RENAMES:
         return _elementwise_kind(op, ks, kinds, out, batch)
     if prim == "broadcast_in_dim":
@@ -208,7 +207,7 @@ def _op_kind(op: ir.Op, ks: list[Kind], batch: int) -> Kind | list[Kind]:
         return _dot_kind(op, ks, kinds)
     if prim in REDUCES:
         return _reduce_kind(op, ks)
-    raise Unplannable(f"{prim} in the scan body")
+    raise Unplannable(ReasonKind.OP, f"{prim} in the scan body")
 
 
 def _elementwise_kind(op: ir.Op, ks: list[Kind], kinds: set[str], out: ir.Value, batch: int) -> Kind:
@@ -221,11 +220,11 @@ def _elementwise_kind(op: ir.Op, ks: list[Kind], kinds: set[str], out: ir.Value,
     batched = [k for k in ks if k.kind == BATCHED]
     if batched:
         if len({k.axis for k in batched}) > 1:
-            raise Unplannable(f"{prim} of values batched along different axes")
+            raise Unplannable(ReasonKind.SCAN, f"{prim} of values batched along different axes")
         axis = batched[0].axis
         # (a whole value may join rows where lax broadcasts it along them: size 1 there)
         if any(k.kind == UNIFORM and a.shape[axis] != 1 for a, k in zip(op.inputs, ks)):
-            raise Unplannable(f"{prim} of rows with a whole value")
+            raise Unplannable(ReasonKind.SCAN, f"{prim} of rows with a whole value")
         return batched[0]
     return Kind(UNIFORM) if UNIFORM in kinds else Kind(SCALAR)
 
@@ -240,7 +239,7 @@ def _partial_elementwise_kind(prim: str, ks: list[Kind], kinds: set[str], out: i
         return Kind(PARTIAL)
     if prim == "convert_element_type" and out.dtype in ir.FLOAT_DTYPES:
         return Kind(PARTIAL)
-    raise Unplannable(f"a sum over rows in {prim} with other values")
+    raise Unplannable(ReasonKind.SCAN, f"a sum over rows in {prim} with other values")
 
 
 def _rename_kind(op: ir.Op, k: Kind, out: ir.Value, batch: int) -> Kind:
@@ -252,7 +251,7 @@ def _rename_kind(op: ir.Op, k: Kind, out: ir.Value, batch: int) -> Kind:
     for d in range(len(out.shape)):
         if out.shape[d] == batch and math.prod(out.shape[:d]) == before:
             return Kind(BATCHED, d)
-    raise Unplannable(f"{op.prim} {shape} -> {out.shape} merges the batch axis")
+    raise Unplannable(ReasonKind.SCAN, f"{op.prim} {shape} -> {out.shape} merges the batch axis")
 
 
 def _broadcast_kind(op: ir.Op, ks: list[Kind]) -> Kind:
@@ -269,7 +268,7 @@ def _transpose_kind(op: ir.Op, ks: list[Kind]) -> Kind:
     """A transpose moves the batch axis with its permutation."""
     k = ks[0]
     if k.kind == SCALAR:
-        raise Unplannable("a transposed broadcast")
+        raise Unplannable(ReasonKind.SCAN, "a transposed broadcast")
     perm = op.param("permutation")
     return Kind(BATCHED, perm.index(k.axis)) if k.kind == BATCHED else k
 
@@ -278,26 +277,26 @@ def _split_or_slice_kind(op: ir.Op, ks: list[Kind], batch: int) -> list[Kind]:
     """A split or slice keeps its operand's kind, unless it cuts the batch axis (rows would move between blocks)."""
     prim, k = op.prim, ks[0]
     if k.kind == SCALAR:
-        raise Unplannable(f"{prim} of a broadcast")
+        raise Unplannable(ReasonKind.SCAN, f"{prim} of a broadcast")
     if k.kind == BATCHED:
         if prim == "split" and op.param("axis") == k.axis:
-            raise Unplannable("a split along the batch axis")
+            raise Unplannable(ReasonKind.SCAN, "a split along the batch axis")
         if prim == "slice":
             start, limit = op.param("start_indices"), op.param("limit_indices")
             strides = op.param("strides") or (1,) * len(start)
             if (start[k.axis], limit[k.axis], strides[k.axis]) != (0, batch, 1):
-                raise Unplannable("a slice of the batch axis")
+                raise Unplannable(ReasonKind.SCAN, "a slice of the batch axis")
     return [k] * len(op.outputs)
 
 
 def _concatenate_kind(op: ir.Op, ks: list[Kind], kinds: set[str]) -> Kind:
     """A concatenate keeps rows apart only joining values batched alike, along another axis."""
     if SCALAR in kinds:
-        raise Unplannable("a concatenated broadcast")
+        raise Unplannable(ReasonKind.SCAN, "a concatenated broadcast")
     if kinds == {UNIFORM}:
         return Kind(UNIFORM)
     if UNIFORM in kinds or len({k.axis for k in ks}) > 1 or ks[0].axis == op.param("dimension"):
-        raise Unplannable("a concatenate that mixes rows")
+        raise Unplannable(ReasonKind.SCAN, "a concatenate that mixes rows")
     return ks[0]
 
 
@@ -306,19 +305,19 @@ def _dot_kind(op: ir.Op, ks: list[Kind], kinds: set[str]) -> Kind:
     lk, rk = ks
     lc, rc = _dot_dims(op)
     if SCALAR in kinds:
-        raise Unplannable("a dot_general of a broadcast")
+        raise Unplannable(ReasonKind.SCAN, "a dot_general of a broadcast")
     lfree, rfree = _free(len(op.inputs[0].shape), lc), _free(len(op.inputs[1].shape), rc)
     if lk.kind == BATCHED and rk.kind == BATCHED:
         if lk.axis in lc and rk.axis == rc[lc.index(lk.axis)]:
             return Kind(PARTIAL)
-        raise Unplannable("a dot_general of two batched values that is not a sum over rows")
+        raise Unplannable(ReasonKind.SCAN, "a dot_general of two batched values that is not a sum over rows")
     if lk.kind == BATCHED:
         if lk.axis in lc:
-            raise Unplannable("a dot_general contracting rows with a whole value")
+            raise Unplannable(ReasonKind.SCAN, "a dot_general contracting rows with a whole value")
         return Kind(BATCHED, lfree.index(lk.axis))
     if rk.kind == BATCHED:
         if rk.axis in rc:
-            raise Unplannable("a dot_general contracting rows with a whole value")
+            raise Unplannable(ReasonKind.SCAN, "a dot_general contracting rows with a whole value")
         return Kind(BATCHED, len(lfree) + rfree.index(rk.axis))
     return Kind(UNIFORM)
 
@@ -328,11 +327,11 @@ def _reduce_kind(op: ir.Op, ks: list[Kind]) -> Kind:
     prim = op.prim
     k, axes = ks[0], tuple(op.param("axes"))
     if k.kind == SCALAR:
-        raise Unplannable(f"{prim} of a broadcast")
+        raise Unplannable(ReasonKind.SCAN, f"{prim} of a broadcast")
     if k.kind == BATCHED:
         if k.axis in axes:
             if prim != "reduce_sum":
-                raise Unplannable(f"{prim} over rows")
+                raise Unplannable(ReasonKind.SCAN, f"{prim} over rows")
             return Kind(PARTIAL)
         return Kind(BATCHED, k.axis - sum(a < k.axis for a in axes))
     return k
@@ -371,14 +370,15 @@ def find_kinds(body: ir.Graph, num_consts: int, num_carry: int) -> list[tuple[in
     inputs' under which rows never mix (most common sizes first), and for 1 (no batch axis)."""
     sizes = Counter(d for v in body.inputs[num_consts:] for d in set(v.shape) if d > 1)
     carries = frozenset(v.id for v in body.inputs[num_consts:num_consts + num_carry])
-    why, found = None, []
+    why: Unplannable | None = None  # (the first reason met)
+    found = []
     for batch in [b for b, _ in sizes.most_common()] + [1]:
         partial: frozenset[int] = frozenset()
         for _ in range(num_carry + 1):
             try:
                 kinds = _kinds(body, _input_kinds(body, num_consts, batch, partial), batch, carries)
             except Unplannable as e:
-                why = why or str(e)
+                why = why or e
                 break
             grew = _check_carries(body, num_consts, num_carry, kinds, partial)
             if grew is None:
@@ -386,11 +386,11 @@ def find_kinds(body: ir.Graph, num_consts: int, num_carry: int) -> list[tuple[in
                     _check_ys(body, num_carry, kinds)
                     found.append((batch, kinds))
                 except Unplannable as e:
-                    why = why or str(e)
+                    why = why or e
                 break
             partial = grew
     if not found:
-        raise Unplannable(why or "no batch axis keeps the rows apart")
+        raise why or Unplannable(ReasonKind.SCAN, "no batch axis keeps the rows apart")
     return found
 
 
@@ -406,7 +406,7 @@ def _check_carries(body, num_consts, num_carry, kinds, partial) -> frozenset[int
         if kout.kind == PARTIAL and kin.kind == UNIFORM and v.dtype in ir.FLOAT_DTYPES:
             grow.add(num_consts + j)
             continue
-        raise Unplannable(f"carry {j} is {kin.kind} going in and {kout.kind} coming out of a step")
+        raise Unplannable(ReasonKind.SCAN, f"carry {j} is {kin.kind} going in and {kout.kind} coming out of a step")
     return None if grow == set(partial) else frozenset(grow)
 
 
@@ -421,13 +421,13 @@ def _check_carry_sources(body, num_consts, num_carry):
         while src in renamed:
             src = renamed[src]
         if carried.get(src, j) != j:
-            raise Unplannable(f"carry {j} takes carry {carried[src]}'s value")
+            raise Unplannable(ReasonKind.SCAN, f"carry {j} takes carry {carried[src]}'s value")
 
 
 def _check_ys(body, num_carry, kinds):
     for y in body.outputs[num_carry:]:
         if kinds[y.id].kind == PARTIAL:
-            raise Unplannable("a per-step result that is a sum over rows")
+            raise Unplannable(ReasonKind.SCAN, "a per-step result that is a sum over rows")
 
 
 def stored(plan_kinds: dict[int, Kind], body: ir.Graph, in_place=()) -> list[ir.Value]:
@@ -481,15 +481,14 @@ def plan_scan(region: Region, body: ir.Graph, target: Target, sums_in_place: boo
     """The scan `region.ops[0]` (body flattened to `body`) as one kernel, with its estimate;
     `sums_in_place`: products added to sum-over-rows carries go into them directly (InPlaceSum)."""
     op = region.ops[0]
-    why = body_reason(body)
-    if why:
-        raise Unplannable(why)
+    check_body(body)
     num_consts, num_carry, length = op.param("num_consts"), op.param("num_carry"), op.param("length")
     if None in (num_consts, num_carry, length):
-        raise Unplannable("its operands' groups (consts, carries, per-step) are not known here "
+        raise Unplannable(ReasonKind.SCAN,
+                          "its operands' groups (consts, carries, per-step) are not known here "
                           "(symbolic sizes?)")
     if length < 1:
-        raise Unplannable("a scan of no steps")
+        raise Unplannable(ReasonKind.SCAN, "a scan of no steps")
     options = []
     for batch, kinds in find_kinds(body, num_consts, num_carry):
         rows = -(-batch // target.sm_count)
@@ -500,7 +499,8 @@ def plan_scan(region: Region, body: ir.Graph, target: Target, sums_in_place: boo
     smem, _, batch, kinds, rows, in_place = min(options, key=lambda o: o[:2])
     grid = -(-batch // rows)
     if smem > target.smem_optin:
-        raise Unplannable(f"a block would need {smem} bytes of shared memory (at most {target.smem_optin})")
+        raise Unplannable(ReasonKind.RESOURCES,
+                          f"a block would need {smem} bytes of shared memory (at most {target.smem_optin})")
     widest = max(_block_size(v, kinds, rows) for v in [*body.inputs, *(o for op in body.ops for o in op.outputs)])
     block = 256 if widest >= 256 else max(64, -(-widest // 32) * 32)
     partial = [v for v in body.inputs[num_consts:num_consts + num_carry] if kinds[v.id].kind == PARTIAL]
@@ -510,7 +510,7 @@ def plan_scan(region: Region, body: ir.Graph, target: Target, sums_in_place: boo
     index = {v.id: i for i, v in enumerate(region.inputs)}
     sources = tuple(a if isinstance(a, ir.Const) else index[a.id] for a in op.inputs)
     if any(isinstance(a, ir.Const) for a in sources[num_consts + num_carry:]):
-        raise Unplannable("a literal per-step operand of the scan")
+        raise Unplannable(ReasonKind.SCAN, "a literal per-step operand of the scan")
     plan = ScanPlan(region, body, bool(op.param("reverse")), num_consts, num_carry,
                     tuple(sorted(kinds.items())), sources, mapping, workspace, in_place)
     return plan, estimate(plan, target)

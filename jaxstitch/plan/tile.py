@@ -29,7 +29,7 @@ from ..core.config import Tuning
 from ..core.targets import Target
 from ..graph.partition import Region
 from .cost import XLA_EFFICIENCY, Estimate
-from .layout import Unplannable
+from .layout import ReasonKind, Unplannable
 from .mapping import SMEM_PER_BLOCK_SYSTEM
 
 N, A, B = "n", "a", "b"
@@ -73,6 +73,9 @@ ROW_STEP = "row"
 class NotATile(Unplannable):
     """The region has no tile shape at all (as opposed to a tile plan that failed): the report
     then gives the row space's reason alone."""
+
+    def __init__(self, detail: str):
+        super().__init__(ReasonKind.TILE, detail)
 
 
 NOT_A_TILE = "no batch of tiles"
@@ -257,7 +260,8 @@ def _propagate_labels(region: Region, labels: dict[int, list], transposed: set[i
         if lx == ly:
             return False
         if lx is not None and ly is not None:
-            raise Unplannable(f"an axis of {x.shape} meets an axis of {y.shape} along different tile axes")
+            raise Unplannable(ReasonKind.LAYOUT,
+                              f"an axis of {x.shape} meets an axis of {y.shape} along different tile axes")
         if lx is None:
             labels[x.id][i] = ly
         else:
@@ -285,7 +289,7 @@ def _tie_axes(op: ir.Op, labels: dict[int, list], unify, transposed: set[int]) -
                     if da == do != 1:
                         changed |= unify(a, i, out, i)
             elif a.shape:
-                raise Unplannable(f"{op.prim} of operands of different ranks")
+                raise Unplannable(ReasonKind.LAYOUT, f"{op.prim} of operands of different ranks")
     elif op.prim == "transpose":  # output dimension j is operand dimension perm[j]
         for j, i in enumerate(op.param("permutation")):
             if ins[0].shape[i] != 1:
@@ -303,7 +307,7 @@ def _tie_axes(op: ir.Op, labels: dict[int, list], unify, transposed: set[int]) -
         elif transposed:  # a reshape merging or splitting a transposed tile's two axes
             changed |= _merge_or_split(ins[0], src, out, dst, labels, unify)
         else:  # (rows split into tiles alone: a row chain XLA runs well, measured 0.93x as tiles)
-            raise Unplannable(f"{op.prim} {ins[0].shape} -> {out.shape} moves data across tile axes")
+            raise Unplannable(ReasonKind.LAYOUT, f"{op.prim} {ins[0].shape} -> {out.shape} moves data across tile axes")
     elif op.prim in opdefs.REDUCTIONS:
         axes = set(op.param("axes"))
         kept = [i for i in range(len(ins[0].shape)) if i not in axes]
@@ -333,14 +337,15 @@ def _kinds_and_orders(labels: dict[int, list], values: dict[int, ir.Value], name
     for vid, ls in labels.items():
         real = [x for x in ls if x != "1"]
         if None in real:
-            raise Unplannable(f"a value of shape {values[vid].shape} has an axis of no tile axis")
+            raise Unplannable(ReasonKind.LAYOUT, f"a value of shape {values[vid].shape} has an axis of no tile axis")
         real = [y for x in real for y in ([x] if x.startswith("n") else list(x))]  # merged "ba": b, a
         batch = [x for x in real if x.startswith("n")]
         tile_axes = [x for x in real if not x.startswith("n")]
         if len(set(real)) != len(real) or real[:len(batch)] != sorted(batch, key=order.get):
-            raise Unplannable(f"a value of shape {values[vid].shape} is transposed against the tile's batch axes")
+            raise Unplannable(ReasonKind.LAYOUT,
+                              f"a value of shape {values[vid].shape} is transposed against the tile's batch axes")
         if batch and len(batch) != len(names) - 2:
-            raise Unplannable(f"a value of shape {values[vid].shape} spans part of the batch axes")
+            raise Unplannable(ReasonKind.LAYOUT, f"a value of shape {values[vid].shape} spans part of the batch axes")
         kinds[vid] = (N if batch else "") + "".join(sorted(tile_axes))
         orders[vid] = (N if batch else "") + "".join(tile_axes)
     return kinds, orders
@@ -356,11 +361,11 @@ def _merge_or_split(x: ir.Value, src: list[int], y: ir.Value, dst: list[int], la
     elif len(dst) == len(src) + 1:
         apart, a_dims, merged, m_dims = y, dst, x, src
     else:
-        raise Unplannable(f"reshape {x.shape} -> {y.shape} moves data across tile axes")
+        raise Unplannable(ReasonKind.LAYOUT, f"reshape {x.shape} -> {y.shape} moves data across tile axes")
     a_sizes = [apart.shape[i] for i in a_dims]
     m_sizes = [merged.shape[i] for i in m_dims]
     if a_sizes[:-2] != m_sizes[:-1] or a_sizes[-2] * a_sizes[-1] != m_sizes[-1]:
-        raise Unplannable(f"reshape {x.shape} -> {y.shape} moves data across tile axes")
+        raise Unplannable(ReasonKind.LAYOUT, f"reshape {x.shape} -> {y.shape} moves data across tile axes")
     changed = False
     for i, j in zip(a_dims[:-2], m_dims[:-1]):
         changed |= unify(apart, i, merged, j)
@@ -378,7 +383,7 @@ def _set(labels, v: ir.Value, i: int, name: str) -> bool:
     if labels[v.id][i] == name:
         return False
     if labels[v.id][i] is not None:
-        raise Unplannable(f"an axis of {v.shape} meets the tile's axes in two orders")
+        raise Unplannable(ReasonKind.LAYOUT, f"an axis of {v.shape} meets the tile's axes in two orders")
     labels[v.id][i] = name
     return True
 
@@ -388,7 +393,7 @@ def _iota_axis(op: ir.Op, labels: dict[int, list]) -> str:
         return ""
     axis = labels[op.outputs[0].id][op.param("dimension")]
     if axis not in (A, B):
-        raise Unplannable("iota along the batch axes in a tile")
+        raise Unplannable(ReasonKind.LAYOUT, "iota along the batch axes in a tile")
     return axis
 
 
@@ -418,7 +423,8 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
 def _plan_tile(region: Region, target: Target, tuning: Tuning, fast_exp: bool) -> TilePlan:
     moves = sorted({op.prim for op in region.ops if op.prim in opdefs.VIEWS | opdefs.SCANS} - {"transpose"})
     if moves:
-        raise Unplannable(f"{', '.join(moves)} in a tile (data-moving ops other than transposes, and scans, "
+        raise Unplannable(ReasonKind.OP,
+                          f"{', '.join(moves)} in a tile (data-moving ops other than transposes, and scans, "
                           "are planned in row spaces only)")
     schedule = _TileSchedule(region, tuning, *label(region))
     schedule.stage_inputs()
@@ -474,9 +480,10 @@ class _TileSchedule:
         for op in self.compute:
             if op.prim in opdefs.REDUCTIONS:
                 if op.prim in opdefs.PICKING:
-                    raise Unplannable(f"{op.prim} in a tile")
+                    raise Unplannable(ReasonKind.OP, f"{op.prim} in a tile")
                 if N in _reduced_axes(op, self.kinds):
-                    raise Unplannable(f"{op.prim} over the batch axes (a column reduction) in a tile")
+                    raise Unplannable(ReasonKind.LAYOUT,
+                                      f"{op.prim} over the batch axes (a column reduction) in a tile")
 
     def _full_readers(self) -> set[int]:
         """Which values a full-tile consumer reads: materialized along their axis when not full themselves."""
@@ -588,7 +595,7 @@ class _TileSchedule:
             self.tv[out.id] = TileValue(out, self.kinds[out.id], REG, e)
             self._step(e, ROW_STEP)["ops"].append(op)
         else:
-            raise Unplannable(f"{op.prim} over {reduced} of a value along {src or 'no axis'}")
+            raise Unplannable(ReasonKind.LAYOUT, f"{op.prim} over {reduced} of a value along {src or 'no axis'}")
 
     def schedule_stores(self) -> None:
         """Stores each region output in the first loop along its axes that can read it."""
@@ -625,7 +632,8 @@ class _TileSchedule:
         tv, smem = _share_shared_memory(ordered, self.tv, producer, self.root, 2 * self.stage, sizes, partial_sizes)
         self.tv = tv
         if smem > MAX_TILE_SMEM:
-            raise Unplannable(f"a {ta}x{tb} tile needs {smem} bytes of shared memory (at most {MAX_TILE_SMEM})")
+            raise Unplannable(ReasonKind.RESOURCES,
+                              f"a {ta}x{tb} tile needs {smem} bytes of shared memory (at most {MAX_TILE_SMEM})")
         mapping = self._mapping(target, smem, paired, n_slices)
         epochs = max([s.epoch for s in ordered] + [0])
         region, labels, orders = self.region, self.labels, self.orders
@@ -641,7 +649,8 @@ class _TileSchedule:
         group = lanes_per_a(block, ta, tb)
         threads, smem = block * teams, smem * teams
         if smem > target.smem_optin:
-            raise Unplannable(f"{teams} tiles of {ta}x{tb} a block need {smem} bytes of shared memory "
+            raise Unplannable(ReasonKind.RESOURCES,
+                              f"{teams} tiles of {ta}x{tb} a block need {smem} bytes of shared memory "
                               f"(a block may have {target.smem_optin})")
         per_sm = max(1, _resident_blocks(threads, smem, target))
         min_blocks = max(1, min(per_sm, self.tuning.min_threads // threads))

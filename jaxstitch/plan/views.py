@@ -27,7 +27,7 @@ from ..core import ir
 from ..core import ops as opdefs
 from ..graph import positions
 from ..graph.partition import Region
-from .layout import GATHER, Unplannable, row_space
+from .layout import GATHER, ReasonKind, Unplannable, row_space
 
 # GATHER, the op sink makes: outputs[0] = inputs[0] (an input) read through the params' `view`.
 # A read whose contiguous output axis strides this far through its source (a transpose of the minor
@@ -132,7 +132,8 @@ def flat_view(a: Affine) -> FlatView:
     offset = sum(a.const[e] * cs[e] for e in src)
     minor = [d for d, n in enumerate(a.shape) if n > 1]
     if minor and abs(strides[minor[-1]]) > MAX_MINOR_STRIDE:
-        raise Unplannable(f"reading {a.source} as {a.shape} walks its minor axis with stride "
+        raise Unplannable(ReasonKind.LAYOUT,
+                          f"reading {a.source} as {a.shape} walks its minor axis with stride "
                           f"{strides[minor[-1]]} (a transpose): uncoalesced without shared-memory tiles")
     return FlatView(a.shape, offset, strides, math.prod(a.source), a.exact,
                     tuple(t.limit for t in a.dyn), tuple(sum(t.coef[e] * cs[e] for e in src) for t in a.dyn),
@@ -228,7 +229,7 @@ def _moving_step(op: ir.Op, out: ir.Value, dyn_atoms) -> Affine:
             elif limit > 0:
                 dyn.append(Dyn(dyn_atoms(start), limit, tuple(int(f == e) for f in range(n))))
         return _translate(out.shape, src.shape, const, dyn)
-    raise Unplannable(f"{op.prim} has no affine map")
+    raise Unplannable(ReasonKind.OP, f"{op.prim} has no affine map")
 
 
 def _translate(shape, source, const, dyn=(), exact=True) -> Affine:
@@ -262,9 +263,7 @@ class _Sinker:
             try:
                 self._take(op)
             except Unplannable as e:  # (named after the op being sunk where the reason names none)
-                if e.op_index is not None:
-                    raise
-                raise type(e)(e.detail, op=op) from None
+                raise e.about(op)
         for v in self.region.outputs:
             now = self.rep.get(v.id, v)
             if now != v:
@@ -321,7 +320,7 @@ class _Sinker:
                 if isinstance(x, ir.Const) or not x.shape:
                     ins.append(self.current(x))
                 elif len(x.shape) != len(v.shape):
-                    raise Unplannable(f"{op.prim} of operands of shapes {x.shape} and {v.shape}")
+                    raise Unplannable(ReasonKind.LAYOUT, f"{op.prim} of operands of shapes {x.shape} and {v.shape}")
                 else:  # (size-1 axes of an operand broadcast)
                     n = len(x.shape)
                     step = _step(v.shape, x.shape, [0] * n, [(e, e, 1) for e in range(n) if x.shape[e] == v.shape[e]])
@@ -354,7 +353,8 @@ class _Sinker:
             return self.emit(op.prim, ins, a.shape, v.dtype, dict(op.params), index=op.index)
         if opdefs.is_layout(op) and op.prim != "broadcast_in_dim" and isinstance(op.inputs[0], ir.Value):
             return self.build(op.inputs[0], a)
-        raise Unplannable(f"a data-moving op reads a {op.prim} result through a reshape {v.shape} -> "
+        raise Unplannable(ReasonKind.LAYOUT,
+                          f"a data-moving op reads a {op.prim} result through a reshape {v.shape} -> "
                           f"{a.source} that merges its axes")
 
     def _gather(self, src: ir.Value, a: Affine) -> ir.Atom:
@@ -393,13 +393,13 @@ class _Sinker:
                     return x
                 return self.emit("broadcast_in_dim", [x], a.shape, v.dtype,
                                  {"shape": a.shape, "broadcast_dimensions": tuple(dims), "sharding": None})
-        raise Unplannable(f"{what} read through a data-moving op that does not just broadcast it")
+        raise Unplannable(ReasonKind.LAYOUT, f"{what} read through a data-moving op that does not just broadcast it")
 
     # ---- coordinates and selects ---------------------------------------------------------------
     def _coordinate(self, a: Affine, axis: int) -> ir.Atom | int:
         """Index `axis` of the source, as an int32 value over a.shape (or an int when constant)."""
         if any(t.coef[axis] for t in a.dyn):
-            raise Unplannable("concatenate or pad read at a run-time offset (dynamic_slice of it)")
+            raise Unplannable(ReasonKind.LAYOUT, "concatenate or pad read at a run-time offset (dynamic_slice of it)")
         total: ir.Atom | None = None
         for d, k in enumerate(a.coef[axis]):
             if not k:
@@ -417,7 +417,7 @@ class _Sinker:
 
     def _convert(self, x: ir.Atom, dtype: str) -> ir.Atom:
         if isinstance(x, int):
-            raise Unplannable("an iota read at a constant index")
+            raise Unplannable(ReasonKind.LAYOUT, "an iota read at a constant index")
         return x if dtype == "int32" else self.emit("convert_element_type", [x], x.shape, dtype,
                                                     {"new_dtype": dtype, "weak_type": False})
 
