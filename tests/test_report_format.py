@@ -1,7 +1,11 @@
 """explain's table: lines within about 100 columns, plurals, reductions first among a region's ops, the
-reasons ops stay with XLA grouped and counted, and counts that add up. On the CPU, with NVRTC."""
+reasons ops stay with XLA grouped and counted, counts that add up, and each region's reason with its
+kind (plan.layout.ReasonKind) and the op it names. On the CPU, with NVRTC."""
 from __future__ import annotations
 
+import ast
+import dataclasses
+import pathlib
 import re
 
 import jax
@@ -9,10 +13,16 @@ import jax.numpy as jnp
 import pytest
 
 import jaxstitch
+from jaxstitch import targets
+from jaxstitch.bench.workloads import layernorm_fwdbwd
+from jaxstitch.driver.report import WIDTH, RegionReport, Report, key_ops
+from jaxstitch.frontend import trace as trace_mod
+from jaxstitch.graph.partition import partition
 from jaxstitch.kernels import nvrtc
 from jaxstitch.kernels.cache import Stats
-from jaxstitch.driver.report import WIDTH, RegionReport, Report, key_ops
-from jaxstitch.bench.workloads import layernorm_fwdbwd
+from jaxstitch.plan import planner, views
+from jaxstitch.plan.layout import ReasonKind, Unplannable, place
+from jaxstitch.plan.tile import NotATile
 
 needs_nvrtc = pytest.mark.skipif(not nvrtc.available(), reason="NVRTC is not installed")
 S = jax.ShapeDtypeStruct
@@ -175,3 +185,73 @@ def test_a_reason_met_while_sinking_a_view_names_the_op_being_sunk():
     report = jaxstitch.explain(_softmax_of_transpose, jax.ShapeDtypeStruct((640, 480), jnp.float32), target="h200")
     (left,) = [r for r in report.regions if r.reason and "walks its minor axis" in r.reason]
     assert "(_softmax_of_transpose)" in left.source
+
+
+def _region_and_trace(fn, *specs, prim: str):
+    """The trace of fn, and the region of its partition holding a `prim` op."""
+    traced = trace_mod.trace(fn, list(specs), trace_mod.positional_tree(list(specs)))
+    (region,) = [r for r in partition(traced.graph).regions if any(op.prim == prim for op in r.ops)]
+    return traced, region
+
+
+def test_a_reason_carries_its_kind_and_the_op_it_names():
+    traced, region = _region_and_trace(_sum_over_outer_axes, S((64, 48, 320), jnp.float32), prim="reduce_sum")
+    with pytest.raises(Unplannable) as refused:
+        place(views.sink(region))
+    e = refused.value
+    assert (e.kind, str(e), e.detail) == (ReasonKind.LAYOUT, "reduce_sum over axes (0, 2)", str(e))
+    assert traced.eqns[e.op_index].primitive.name == "reduce_sum"
+    # (the tile plan's refusal, after the row space's: its kind is the region's, the op the row space's)
+    plan = planner.plan_region(region, targets.get_target("h200"))
+    assert (plan.reason_kind, plan.reason_op) == (ReasonKind.LAYOUT, e.op_index), plan.reason
+    report = jaxstitch.explain(_sum_over_outer_axes, S((64, 48, 320), jnp.float32), target="h200")
+    kinds = {r.reason_kind: r for r in report.regions}
+    assert set(kinds) == {"layout", "cost"}, report
+    assert kinds["cost"].reason.startswith("XLA already") and not kinds["cost"].source
+    assert "left to XLA by kind of reason: cost 1, layout 1" in str(report).splitlines()
+
+
+def test_a_reason_met_while_sinking_a_view_keeps_its_kind_and_names_the_op():
+    """No batch of tiles (NotATile) for two axes: the row space's reason stands, with its kind."""
+    traced, region = _region_and_trace(_softmax_of_transpose, S((640, 480), jnp.float32), prim="transpose")
+    plan = planner.plan_region(region, targets.get_target("h200"))
+    assert "walks its minor axis" in plan.reason and plan.reason_kind is ReasonKind.LAYOUT
+    assert traced.eqns[plan.reason_op].primitive.name == "transpose"
+    assert NotATile("no batch of tiles").kind is ReasonKind.TILE
+
+
+def test_every_unplannable_names_a_kind_of_the_closed_set():
+    """Each Unplannable(...) in the package passes a ReasonKind member first (NotATile's is always
+    TILE), so every reason the planner gives can be grouped without reading its text. COST is the
+    cost model's, on RegionPlan: never raised."""
+    package = pathlib.Path(__file__).resolve().parents[1] / "jaxstitch"
+    sites, unnamed = {}, []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("Unplannable", "NotATile")):
+                continue
+            first = node.args[0] if node.args else None
+            if node.func.id == "NotATile":
+                kind = "TILE"
+            elif (isinstance(first, ast.Attribute) and isinstance(first.value, ast.Name)
+                  and first.value.id == "ReasonKind" and first.attr in ReasonKind.__members__):
+                kind = first.attr
+            else:
+                unnamed.append(f"{path.relative_to(package)}:{node.lineno}")
+                continue
+            sites[kind] = sites.get(kind, 0) + 1
+    assert not unnamed, unnamed
+    assert sum(sites.values()) > 70 and "COST" not in sites, sites
+    with pytest.raises(ValueError):
+        Unplannable("a kind outside the set", "detail")
+
+
+def test_the_regions_left_to_xla_are_counted_by_the_kind_of_their_reason():
+    assert "reason_kind" in {f.name for f in dataclasses.fields(RegionReport)}
+    regions = (_region(stitched=True, index=0), _region(index=1, reason="a", reason_kind="layout"),
+               _region(index=2, reason="b", reason_kind="cost"), _region(index=3, reason="c", reason_kind="layout"),
+               _region(index=4, reason="NVRTC: an error"))
+    lines = str(Report("h100", regions, ())).splitlines()
+    assert lines[0] == "jaxstitch plan for h100: 5 regions: 1 stitched into 1 kernel, 4 left to XLA"
+    assert lines[1] == "left to XLA by kind of reason: layout 2, cost 1"

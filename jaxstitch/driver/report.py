@@ -37,6 +37,10 @@ class RegionReport:
     where: str = ""                   # the control-flow body holding the region ("" at top level)
     variants: tuple[str, ...] = ()    # a family's kernels for fewer rows: "below N rows: mapping" (or XLA's)
     source: str = ""                  # the user's line that made the op the reason names, where it names one
+    # What kind of obstacle the reason is (plan.layout.ReasonKind's value: "layout", "op", "dtype",
+    # "resources", "tile", "scan", "cost"), for grouping reasons without reading their text; None
+    # when stitched or where the reason is the pipeline's own (an NVRTC failure, say).
+    reason_kind: str | None = None
 
     @property
     def name(self) -> str:
@@ -77,7 +81,7 @@ class Report:
             head += f", {n - stitched} left to XLA" if n - stitched else ""
         elif n:
             head += ", none stitched"
-        lines = [head]
+        lines = [head] + self._kinds_left()
         if self.symbolic:
             lines.append("symbolic dimensions: shape families; rows x cols at the first sample size")
         c = self.cache
@@ -96,6 +100,17 @@ class Report:
         if self.times is not None:  # (NVRTC: the time the build waited on it, beside planning)
             lines += _wrapped("built in stages: " + self.times.stages_text(), "", "  ")
         return lines
+
+    def _kinds_left(self) -> list[str]:
+        """The regions left to XLA counted by their reason's kind ('layout 3, cost 2'), most first."""
+        n: dict[str, int] = {}
+        for r in self.regions:
+            if not r.stitched and r.reason_kind:
+                n[r.reason_kind] = n.get(r.reason_kind, 0) + 1
+        if not n:
+            return []
+        kinds = ", ".join(f"{k} {n[k]}" for k in sorted(n, key=lambda k: (-n[k], k)))
+        return _wrapped("left to XLA by kind of reason: " + kinds, "", "  ")
 
     def _rewritten(self) -> list[str]:
         if not self.rewritten:
@@ -217,6 +232,12 @@ def _source(program: Program, where: str, c) -> str:
     return trace_mod.source_line(program.traced.eqns[index])
 
 
+def _reason_kind(c) -> str | None:
+    """The kind of the planner's reason, where that is the reason shown (not a compile error's)."""
+    kind = c.plan.reason_kind
+    return str(kind) if kind is not None and c.plan.reason else None
+
+
 def make_report(program: Program, cache: Stats | None = None, symbolic: bool = False,
                 seconds: float | None = None) -> Report:
     regions = []
@@ -235,7 +256,7 @@ def make_report(program: Program, cache: Stats | None = None, symbolic: bool = F
             registers=c.registers, alternatives=c.tried + _passed_over(k), where=where,
             variants=(((f"below {c.xla_below} rows: XLA's kernels",) if c.xla_below else ())
                       + tuple(f"below {n} rows: {v.plan.kernel.description}" for n, v in c.variants)),
-            source=_source(program, where, c)))
+            source=_source(program, where, c), reason_kind=_reason_kind(c)))
     seen, rewritten = {}, {}  # (primitive, why) -> equations
     for p in _programs(program):
         ops = p.traced.graph.ops
