@@ -518,12 +518,12 @@ def test_never_placed_is_a_sound_no(name):
     flat, tree = jax.tree_util.tree_flatten((tuple(specs), {}))
     graph = trace_mod.trace(fun, flat, tree).graph
     part = partition_mod.partition(graph, fits=lambda r: pipeline._fits_one_kernel(r, jaxstitch.TARGETS["h100"]))
-    consumers = partition_mod._consumers(graph)
+    consumers = partition_mod.consumers_of(graph)
     refused = 0
     for i, a in enumerate(part.regions):
         for b in part.regions[i:]:
             ops = sorted({op.index: op for op in (*a.ops, *b.ops)}.values(), key=lambda op: op.index)
-            union = partition_mod._make_region(-1, ops, consumers)
+            union = partition_mod.make_region(-1, ops, consumers)
             if views.never_placed(union):
                 refused += 1
                 with pytest.raises(Unplannable):

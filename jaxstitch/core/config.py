@@ -28,6 +28,7 @@ class Tuning:
     stitch: int = 1
     grid: int = 1
     remote: int = 1
+    tails: int = 1
     recompute: int = 3  # 3: GPT's attention forward stops writing its scaled scores and float32 exponentials
     variants: int = 1
     split_rows: int | None = None
@@ -51,7 +52,7 @@ class Tuning:
     teams: int | None = None
 
     FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
-              "stitch", "grid", "remote", "recompute", "variants", "split_rows", "diamonds", "scans",
+              "stitch", "grid", "remote", "tails", "recompute", "variants", "split_rows", "diamonds", "scans",
               "scan_sums", "pairs", "serpentine", "scatters", "wide_scatters", "merge_products",
               "batched_folds", "product_concats", "cut_saving_us", "cmd_buffers", "xla_kernels", "col_group",
               "one_wave", "wide_converts", "prefixes", "teams")
@@ -79,7 +80,7 @@ class Tuning:
             raise ValueError(f"stages={t.stages}: must be from 0 to 4")
         if t.batched_folds not in (0, 1, 2):
             raise ValueError(f"batched_folds={t.batched_folds}: must be 0 (none), 1 (those an op computes with) or 2 (every one)")
-        for name in ("one_wave", "wide_converts", "prefixes"):
+        for name in ("one_wave", "wide_converts", "prefixes", "tails"):
             if getattr(t, name) not in (0, 1):
                 raise ValueError(f"{name}={getattr(t, name)}: must be 0 or 1")
         if t.teams not in (None, 1, 2, 4, 8):

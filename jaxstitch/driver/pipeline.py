@@ -17,12 +17,13 @@ from ..frontend.transposed_products import readers_by_id
 from ..graph import partition as partition_mod
 from ..graph import wide_converts
 from ..graph.recompute import recompute_cheap_inputs
+from ..graph.tails import move_tails
 from ..kernels import cache, nvrtc
 from ..lowering import codegen
 from ..plan import KernelPlan, RegionPlan, Unplannable, cost, plan_region, remote, tile, views
 from ..plan import mapping as mapping_mod
 from ..plan import scan as scan_mod
-from ..plan.layout import place
+from ..plan.layout import ReasonKind, place
 from ..plan.planner import min_gain
 from . import build_times, dumps, fallback, progress
 from .program import Compiled, Program
@@ -349,6 +350,8 @@ def stage(traced: trace_mod.Traced, target: Target, cfg: Config,
             cuts = partition_mod.Cuts(at_reduced=not cfg.tuning.stitch, at_grid=not cfg.tuning.grid)
             fits = _Fits(target, cfg.strict)
             part = partition_mod.partition(traced.graph, fits=fits, cuts=cuts)
+            if cfg.tuning.tails:
+                part = move_tails(traced.graph, part, fits)
             if cfg.tuning.recompute:
                 part = recompute_cheap_inputs(traced.graph, part, fits,
                                               unread_writes=cfg.tuning.recompute >= 2,
@@ -559,9 +562,10 @@ def plan_scans(traced: trace_mod.Traced, first_id: int, target: Target, cfg: Con
 
 
 def compile_scan(region, eqn, target: Target, cfg: Config) -> Compiled:
-    def declined(why, kernel=None, est=None):
+    def declined(why, kernel=None, est=None, kind=None):
         log.info("scan %d stays an XLA loop: %s", region.id, why)
-        return Compiled(RegionPlan(region=region, kernel=kernel, estimate=est, reason=why), None, None, None, None)
+        return Compiled(RegionPlan(region=region, kernel=kernel, estimate=est, reason=why, reason_kind=kind),
+                        None, None, None, None)
 
     body = trace_mod.scan_body(eqn)
     if body is None:
@@ -569,12 +573,13 @@ def compile_scan(region, eqn, target: Target, cfg: Config) -> Compiled:
     try:
         kernel, est = scan_mod.plan_scan(region, body, target, bool(cfg.tuning.scan_sums))
     except Unplannable as e:
-        return declined(f"one kernel cannot hold it: {e}")
+        return declined(f"one kernel cannot hold it: {e}", kind=e.kind)
     except Exception as e:  # noqa: BLE001 - a planner bug must leave the loop to XLA, not break the program
         log.warning("scan %d stays an XLA loop: planning failed: %s: %s", region.id, type(e).__name__, e)
         return declined(f"planning failed: {type(e).__name__}: {e}")
     if est.speedup < min_gain(cfg.tuning):
-        return declined(f"estimated {est.us:.1f} us as one kernel vs {est.xla_us:.1f} us as XLA's loop", kernel, est)
+        return declined(f"estimated {est.us:.1f} us as one kernel vs {est.xla_us:.1f} us as XLA's loop", kernel, est,
+                        ReasonKind.COST)
     return _compile_plan(RegionPlan(region=region, kernel=kernel, estimate=est, reason=None), target, cfg)
 
 

@@ -174,7 +174,7 @@ def partition(graph: ir.Graph, fits: Callable[[Region], bool] | None = None, cut
     region_ops: dict[int, list[ir.Op]] = {}
     epilogue: set[int] = set()
     shapes: dict[int, set[tuple[int, ...]]] = {}  # per region, the array shapes its ops touch
-    consumers = _consumers(graph)
+    consumers = consumers_of(graph)
     cut: list[tuple[frozenset[int], int]] = []  # (a region's ops, an op it refused): see Region.cut
     unsupported = []
 
@@ -362,7 +362,7 @@ def _still_fits(consumers, region_ops, shapes, r, joined, op, fits) -> bool:
     if op.prim in opdefs.ELEMENTWISE and new <= shapes.get(r, set()):
         return True
     rops = region_ops[r] + (region_ops[joined] if joined is not None else []) + [op]
-    return fits(_make_region(-1, sorted(rops, key=lambda o: o.index), consumers))
+    return fits(make_region(-1, sorted(rops, key=lambda o: o.index), consumers))
 
 
 def _merge_siblings(consumers: dict[int, set[int]], nodes: Nodes, region_ops: dict, fits):
@@ -385,7 +385,7 @@ def _merge_siblings(consumers: dict[int, set[int]], nodes: Nodes, region_ops: di
                 if nodes.reaches([a], b) or nodes.reaches([b], a):
                     continue
                 merged = sorted(region_ops[a] + region_ops[b], key=lambda op: op.index)
-                if not fits(_make_region(-1, merged, consumers)):
+                if not fits(make_region(-1, merged, consumers)):
                     continue
                 del region_ops[a], region_ops[b]
                 root = nodes.union(a, b)
@@ -429,7 +429,7 @@ def _merge_across_views(consumers: dict[int, set[int]], nodes: Nodes, region_ops
         if key in unfit or not nodes.can_merge_all(members):
             refused.add(held)
             return False
-        if not fits(_make_region(-1, merged, consumers)):
+        if not fits(make_region(-1, merged, consumers)):
             unfit.add(key)
             refused.add(held)
             return False
@@ -458,7 +458,7 @@ def _merge_across_views(consumers: dict[int, set[int]], nodes: Nodes, region_ops
 PROGRAM_OUTPUT = -1
 
 
-def _consumers(graph: ir.Graph) -> dict[int, set[int]]:
+def consumers_of(graph: ir.Graph) -> dict[int, set[int]]:
     """The ops reading each value, by index (PROGRAM_OUTPUT for the program's results)."""
     out: dict[int, set[int]] = {}
     for op in graph.ops:
@@ -471,7 +471,7 @@ def _consumers(graph: ir.Graph) -> dict[int, set[int]]:
     return out
 
 
-def _make_region(rid: int, rops: list[ir.Op], consumers: dict[int, set[int]],
+def make_region(rid: int, rops: list[ir.Op], consumers: dict[int, set[int]],
                  cut: bool = False) -> Region:
     members = {op.index for op in rops}
     produced = {o.id for op in rops for o in op.outputs}
@@ -494,6 +494,6 @@ def _collect(consumers: dict[int, set[int]], region_ops: dict,
     def is_cut(members: set[int]) -> bool:
         return any((bool(ops & members) or op in members) and not (ops <= members and op in members)
                    for ops, op in cut)
-    return tuple(_make_region(i, sorted(rops, key=lambda op: op.index), consumers,
+    return tuple(make_region(i, sorted(rops, key=lambda op: op.index), consumers,
                               is_cut({op.index for op in rops}))
                  for i, rops in enumerate(ordered))
