@@ -105,7 +105,7 @@ class RegionPlan:
     reason: str | None
     reason_op: int | None = None  # the traced equation the reason names, where it names one
     # An Unplannable's kind, or COST for the cost model's decline; None when stitched, or where the
-    # reason is the pipeline's own (driver/pipeline.py's declines of scan loops among them).
+    # reason is the pipeline's own (a scan body that captures arrays, a planning bug).
     reason_kind: ReasonKind | None = None
 
     @property
