@@ -22,6 +22,8 @@ from ..kernels import cache, nvrtc
 from ..lowering import codegen
 from ..plan import KernelPlan, RegionPlan, Unplannable, cost, plan_region, remote, tile, views
 from ..plan import mapping as mapping_mod
+from ..plan.candidates import Candidate, candidates, tprs
+from ..plan.candidates import narrower as narrower_plan
 from ..plan import scan as scan_mod
 from ..plan.layout import ReasonKind, place
 from ..plan.planner import min_gain
@@ -66,67 +68,54 @@ def _first_try_of(region, target: Target, tuning) -> FirstTry | None:
 
 
 def compile_region(region, target: Target, cfg: Config) -> Compiled:
-    """Plan, render and compile; a kernel that spills is planned again with the register cap of its
-    launch bounds lifted, then with fewer threads per row (more registers each). A chunked row's
-    kernel that lifted its cap down to one block an SM is kept only if fewer threads per row spill
+    """The first of the planner's candidates (plan/candidates.py) that compiles without spilling,
+    where a spilled paired or packed kernel may give way to its narrower plan. A chunked row's
+    kernel whose lifted cap leaves one block an SM is kept only if the candidates after it spill
     too: alone on its SM, a block idles the SM at every barrier of its passes (nucleus sampling's
     filter over 32k float32 logits: 512 threads a row, one block an SM, 326 us; 256 threads a row
-    within the cap, 282 us on an H100). The first try starts from a FirstTry where one was made
+    within the cap, 282 us on an H100). The first candidate is a FirstTry where one was made
     (`starting_from`)."""
-    compiled, tried, seen, lone = None, [], set(), None
+    compiled, tried, lone = None, [], None
     start = _first_try_of(region, target, dataclasses.replace(cfg.tuning, max_tpr=_tprs(cfg)[0]))
-    for max_tpr in _tprs(cfg):
-        for relaxed in (False, True):
-            if start is not None:  # (max_tpr is _tprs(cfg)[0], not relaxed: what prefetch planned)
-                plan, source, done = start.plan, start.source, start.compiled
-                start = None
-            else:
-                tuning = dataclasses.replace(cfg.tuning, max_tpr=max_tpr)
-                plan, source, done = plan_region(region, target, tuning, relaxed), None, None
-            if compiled is not None and (plan.kernel is None or plan.kernel.mapping in seen):
-                continue  # nothing new to try here
-            if plan.kernel is not None:
-                seen.add(plan.kernel.mapping)
-            if compiled is not None and compiled.spilled:
+    for cand in candidates(region, target, cfg.tuning, first=None if start is None else start.plan):
+        if compiled is not None and compiled.spilled:
+            m = compiled.plan.kernel.mapping
+            tried.append(f"{m.name} (registers for {m.min_blocks} blocks of {m.block} per SM): "
+                         f"spills with {compiled.registers} registers")
+        if start is not None:  # (prefetch's plan, rendered and perhaps compiled already)
+            done = start.compiled
+            compiled = done if done is not None else _compile_plan(cand.plan, target, cfg, start.source)
+            start = None
+        else:
+            compiled = _compile_plan(cand.plan, target, cfg)
+        if compiled.spilled and not cand.relaxed:
+            narrower = _narrower(region, target, cfg, cand)
+            if narrower is not None:
                 m = compiled.plan.kernel.mapping
-                tried.append(f"{m.name} (registers for {m.min_blocks} blocks of {m.block} per SM): "
-                             f"spills with {compiled.registers} registers")
-            compiled = done if done is not None else _compile_plan(plan, target, cfg, source)
-            if compiled.spilled and not relaxed:
-                narrower = _narrower(region, target, cfg, compiled, max_tpr)
-                if narrower is not None:
-                    m = compiled.plan.kernel.mapping
-                    tried.append(f"{m.name} ({m.elems_per_thread} elements a thread): spills with "
-                                 f"{compiled.registers} registers")
-                    return dataclasses.replace(narrower, tried=tuple(tried))
-            if compiled.spilled:
-                continue
-            if lone is None and relaxed and _alone_on_its_sm(compiled, target) and max_tpr > 256:
-                lone = compiled
-                continue
-            if lone is not None and compiled is not lone:
-                if not compiled.stitched:
-                    continue  # (declined or failed: the lone kernel stays the answer)
-                m, r = lone.plan.kernel.mapping, lone.registers
-                tried.append(f"{m.name} ({r} registers a thread: one block of {m.block} per SM)")
-            return dataclasses.replace(compiled, tried=tuple(tried))
+                tried.append(f"{m.name} ({m.elems_per_thread} elements a thread): spills with "
+                             f"{compiled.registers} registers")
+                return dataclasses.replace(narrower, tried=tuple(tried))
+        if compiled.spilled:
+            continue
+        if lone is None and cand.relaxed and _alone_on_its_sm(compiled, target) and cand.max_tpr > 256:
+            lone = compiled
+            continue
+        if lone is not None and compiled is not lone:
+            if not compiled.stitched:
+                continue  # (declined or failed: the lone kernel stays the answer)
+            m, r = lone.plan.kernel.mapping, lone.registers
+            tried.append(f"{m.name} ({r} registers a thread: one block of {m.block} per SM)")
+        return dataclasses.replace(compiled, tried=tuple(tried))
     if lone is not None:
         return dataclasses.replace(lone, tried=tuple(tried))
     return dataclasses.replace(compiled, tried=tuple(tried))
 
 
-def _narrower(region, target: Target, cfg: Config, spilled: Compiled, max_tpr: int) -> Compiled | None:
-    """A paired kernel (plan/pairs.py) or one of rows several to a warp that spills under its
-    register cap, planned with half the elements a thread (a narrower vector, or more threads a
-    row), where that fits the cap: lifting the cap instead leaves one block an SM
-    (mapping.PAIRED_MAX_ELEMS, and mapping.choose's budget for packed rows). None otherwise."""
-    kernel = spilled.plan.kernel
-    if (not isinstance(kernel, KernelPlan) or not (kernel.mapping.pair or kernel.mapping.tpr < 32)
-            or kernel.mapping.elems_per_thread <= 2):
-        return None
-    tuning = dataclasses.replace(cfg.tuning, max_tpr=max_tpr, elems=kernel.mapping.elems_per_thread // 2)
-    plan = plan_region(region, target, tuning)
-    if not isinstance(plan.kernel, KernelPlan) or (kernel.mapping.pair and not plan.kernel.mapping.pair):
+def _narrower(region, target: Target, cfg: Config, spilled: Candidate) -> Compiled | None:
+    """The planner's narrower plan for a spilled candidate (candidates.narrower), compiled, where
+    it does not spill; else None."""
+    plan = narrower_plan(region, target, cfg.tuning, spilled)
+    if plan is None:
         return None
     compiled = _compile_plan(plan, target, cfg)
     return None if compiled.spilled else compiled
@@ -400,8 +389,7 @@ def prefetch(region, target: Target, cfg: Config) -> FirstTry | None:
 
 def _tprs(cfg: Config) -> list[int]:
     """Threads per row compile_region tries, in order."""
-    cap = cfg.tuning.max_tpr
-    return [t for t in (1024, 512, 256) if t <= cap] or [cap]
+    return tprs(cfg.tuning.max_tpr)
 
 
 def _build(traced: trace_mod.Traced, target: Target, cfg: Config) -> Program:

@@ -385,7 +385,7 @@ def _thread_shape(layout: Layout, region_io: list[ir.Value], n_live_arrays: int,
         # bounds leave a thread (65536 / MIN_THREADS_PER_SM = 85), not only 64: every thread of a row
         # pays each row reduction's log2(TPR) shuffle rounds and the row's scalar work for its E
         # elements, so fewer threads a row with more elements each issue less per element. A kernel
-        # that spills is planned again with half as many (pipeline._narrower). H100, CuPy,
+        # that spills is planned again with half as many (candidates.narrower). H100, CuPy,
         # moe_router's row kernel over [1M, 64] (an argmax, a softmax sum, two column means; 5
         # arrays held): bfloat16 4 threads a row of 16 elements 85.5 us against 8 of 8 107.2 (72
         # against 56 registers).

@@ -177,7 +177,7 @@ def plan_region(region: Region, target: Target, tuning: mapping_mod.Tuning = map
                 relaxed: bool = False) -> RegionPlan:
     """`tuning` overrides the mapping heuristics (`tuning.max_tpr` caps threads per row); `relaxed`
     drops the register cap of the launch bounds: a mapping whose kernel spills is planned again with
-    more registers per thread, see pipeline.compile_region."""
+    more registers per thread (candidates.py)."""
     original = region
     try:
         region = views.sink(region)

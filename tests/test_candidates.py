@@ -1,0 +1,69 @@
+"""The planner's thread-mapping candidates (plan/candidates.py), on CPU for an H100: offered in the
+order the driver compiles them, each mapping once, and a narrower plan only for kernels that pack
+rows or pair halves."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+import jaxstitch
+from jaxstitch.core import config
+from jaxstitch.driver import pipeline
+from jaxstitch.plan import candidates as cands
+from jaxstitch.plan import plan_region
+
+TARGET = jaxstitch.get_target("h100")
+
+
+def _region(fun, *specs):
+    tree = jax.tree_util.tree_structure((tuple(specs), {}))
+    program = pipeline.build(fun, list(specs), tree, TARGET, config.load())
+    (compiled,) = [c for c in program.regions if c.stitched]
+    return compiled.plan.region
+
+
+def softmax_fwdbwd(x, dy):
+    y = jax.nn.softmax(x, axis=-1)
+    return y * (dy - jnp.sum(dy * y, axis=-1, keepdims=True))
+
+
+def test_candidates_come_in_the_drivers_order_each_mapping_once():
+    region = _region(softmax_fwdbwd, *[jax.ShapeDtypeStruct((4096, 8192), jnp.float32)] * 2)
+    tuning = config.load().tuning
+    offered = list(cands.candidates(region, TARGET, tuning))
+    order = [(c.max_tpr, c.relaxed) for c in offered]
+    assert order == sorted(order, key=lambda o: (-o[0], o[1]))  # caps falling, the lifted cap after
+    assert offered[0].max_tpr == 1024 and not offered[0].relaxed
+    mappings = [c.plan.kernel.mapping for c in offered]
+    assert len(set(mappings)) == len(mappings)
+    assert all(c.max_tpr in cands.tprs(tuning.max_tpr) for c in offered)
+
+
+def test_the_first_candidate_is_the_plan_made_ahead():
+    region = _region(softmax_fwdbwd, *[jax.ShapeDtypeStruct((4096, 8192), jnp.float32)] * 2)
+    tuning = config.load().tuning
+    ahead = plan_region(region, TARGET, tuning)
+    first = next(cands.candidates(region, TARGET, tuning, first=ahead))
+    assert first.plan is ahead
+
+
+def test_a_row_a_block_has_no_narrower_plan():
+    region = _region(softmax_fwdbwd, *[jax.ShapeDtypeStruct((4096, 8192), jnp.float32)] * 2)
+    first = next(cands.candidates(region, TARGET, config.load().tuning))
+    assert first.plan.kernel.mapping.tpr >= 32 and not first.plan.kernel.mapping.pair
+    assert cands.narrower(region, TARGET, config.load().tuning, first) is None
+
+
+def test_rows_packed_in_a_warp_have_a_narrower_plan_with_half_the_elements():
+    region = _region(softmax_fwdbwd, *[jax.ShapeDtypeStruct((65536, 64), jnp.float32)] * 2)
+    first = next(cands.candidates(region, TARGET, config.load().tuning))
+    m = first.plan.kernel.mapping
+    assert m.tpr < 32 and m.elems_per_thread > 2, m
+    half = cands.narrower(region, TARGET, config.load().tuning, first)
+    assert half is not None and half.kernel.mapping.elems_per_thread == m.elems_per_thread // 2
+
+
+def test_tprs_stay_within_the_tunings_cap():
+    assert cands.tprs(1024) == [1024, 512, 256]
+    assert cands.tprs(512) == [512, 256]
+    assert cands.tprs(128) == [128]
