@@ -629,18 +629,19 @@ def force_stitching(where=None):
 
     Random graphs are mostly small one-pass regions that the cost model (rightly) leaves to XLA; forcing
     them through codegen, the stitcher's rebuild and (on a GPU) our kernels is what tests those parts.
-    Patches `jaxstitch.driver.pipeline.plan_region`, the planner entry the pipeline calls, and
-    `pipeline.MIN_RESIDENT_WARPS`."""
+    Patches `plan_region` where the pipeline calls it (its first try) and where the planner's
+    candidates come from (`jaxstitch.plan.candidates`), and `pipeline.MIN_RESIDENT_WARPS`."""
     from jaxstitch.driver import pipeline
+    from jaxstitch.plan import candidates
 
     original = getattr(pipeline, "plan_region", None)
-    if original is None:
-        raise AssertionError("jaxstitch.driver.pipeline.plan_region is gone: update tests/strategies.force_stitching")
+    if original is None or getattr(candidates, "plan_region", None) is not original:
+        raise AssertionError("the pipeline's or the candidates' plan_region is gone: update tests/strategies.force_stitching")
 
     def plan_without_cost_veto(*args, **kwargs):
         plan = original(*args, **kwargs)
         if plan.kernel is not None and plan.reason is not None and (where is None or where(plan.region)):
-            plan = dataclasses.replace(plan, reason=None)
+            plan = dataclasses.replace(plan, reason=None, reason_kind=None, reason_op=None)
         return plan
 
     # (the veto on kernels with too few resident warps, taken after NVRTC, is the cost model's too,
@@ -648,11 +649,13 @@ def force_stitching(where=None):
     from jaxstitch.integration import families
     min_warps, xla_below = pipeline.MIN_RESIDENT_WARPS, families._xla_below
     pipeline.plan_region, pipeline.MIN_RESIDENT_WARPS = plan_without_cost_veto, 0
+    candidates.plan_region = plan_without_cost_veto
     families._xla_below = lambda *args: 0
     try:
         yield
     finally:
         pipeline.plan_region, pipeline.MIN_RESIDENT_WARPS = original, min_warps
+        candidates.plan_region = original
         families._xla_below = xla_below
 
 

@@ -140,10 +140,13 @@ def test_a_region_is_planned_once_where_its_first_kernel_holds(monkeypatch):
     from jaxstitch.driver import pipeline
     from jaxstitch.frontend import trace as trace_mod
     from jaxstitch.lowering import codegen
+    from jaxstitch.plan import candidates
 
     planned, rendered = [], []
     plan_region, render = pipeline.plan_region, codegen.render
-    monkeypatch.setattr(pipeline, "plan_region", lambda r, *a, **k: planned.append(id(r)) or plan_region(r, *a, **k))
+    counted = lambda r, *a, **k: planned.append(id(r)) or plan_region(r, *a, **k)  # noqa: E731
+    monkeypatch.setattr(pipeline, "plan_region", counted)
+    monkeypatch.setattr(candidates, "plan_region", counted)
     monkeypatch.setattr(codegen, "render", lambda k: rendered.append(id(k)) or render(k))
     x, g = S((2048, 1024), jnp.bfloat16), S((1024,), jnp.bfloat16)  # (one region, stitched)
     specs = [x, g, g, x]

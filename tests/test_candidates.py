@@ -3,14 +3,18 @@ order the driver compiles them, each mapping once, and a narrower plan only for 
 rows or pair halves."""
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
+import pytest
 
 import jaxstitch
 from jaxstitch.core import config
 from jaxstitch.driver import pipeline
 from jaxstitch.plan import candidates as cands
 from jaxstitch.plan import plan_region
+from jaxstitch.plan.layout import ReasonKind
 
 TARGET = jaxstitch.get_target("h100")
 
@@ -67,3 +71,19 @@ def test_tprs_stay_within_the_tunings_cap():
     assert cands.tprs(1024) == [1024, 512, 256]
     assert cands.tprs(512) == [512, 256]
     assert cands.tprs(128) == [128]
+
+
+def test_a_region_plan_checks_its_invariants():
+    """A plan left to XLA says why; a stitched one has a kernel and an estimate, and no reason's
+    op or kind."""
+    region = _region(softmax_fwdbwd, *[jax.ShapeDtypeStruct((4096, 8192), jnp.float32)] * 2)
+    plan = plan_region(region, TARGET, config.load().tuning)
+    assert plan.stitched
+    with pytest.raises(ValueError, match="says why"):
+        dataclasses.replace(plan, kernel=None)
+    with pytest.raises(ValueError, match="says why"):
+        dataclasses.replace(plan, estimate=None)
+    with pytest.raises(ValueError, match="belong to a reason"):
+        dataclasses.replace(plan, reason_kind=ReasonKind.COST)
+    declined = dataclasses.replace(plan, reason="the test declines it", reason_kind=ReasonKind.COST)
+    assert not declined.stitched

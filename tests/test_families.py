@@ -298,13 +298,14 @@ def test_export_of_transformed_stitched_functions_with_symbolic_batch(fresh_cach
 
 
 def test_rows_go_to_the_rung_whose_busiest_sm_reads_least():
-    """`_rows_to_rungs` on an H100's 132 SMs and rows of 262144 float32: each row count to the rung
+    """`ladder.rows_to_rungs` on an H100's 132 SMs and rows of 262144 float32: each row count to the rung
     that holds it in one round and whose busiest SM reads least; a rung of two tasks to an SM that
     does not stash whole only where split_count splits so (34-35 rows), and the ladder ends at the
     first row count no rung takes."""
     from types import SimpleNamespace
 
-    from jaxstitch.integration.families import Rung, _rows_to_rungs
+    from jaxstitch.plan.ladder import Rung
+    from jaxstitch.plan.ladder import rows_to_rungs as _rows_to_rungs
     from jaxstitch.targets import get_target
     h100, m = get_target("h100"), SimpleNamespace(n_cols=262144, vec=4)
     four, three, seven, seven_whole = (Rung(4, 1, 33, "4"), Rung(3, 1, 44, "3"), Rung(7, 2, 37, "7x2"),

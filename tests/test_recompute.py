@@ -24,6 +24,7 @@ import pytest
 import jaxstitch
 from jaxstitch.core import config
 from jaxstitch.driver import pipeline
+from jaxstitch.plan import candidates
 from strategies import force_stitching, random_inputs
 
 S = jax.ShapeDtypeStruct
@@ -149,11 +150,11 @@ def readers_left_to_xla():
             p = forced(*args, **kwargs)
             return dataclasses.replace(p, reason="declined by the test") if p.region.recomputed else p
 
-        pipeline.plan_region = plan
+        pipeline.plan_region = candidates.plan_region = plan
         try:
             yield
         finally:
-            pipeline.plan_region = forced
+            pipeline.plan_region = candidates.plan_region = forced
 
 
 @pytest.mark.parametrize("tune", ["", "recompute=1"])

@@ -108,6 +108,14 @@ class RegionPlan:
     # reason is the pipeline's own (a scan body that captures arrays, a planning bug).
     reason_kind: ReasonKind | None = None
 
+    def __post_init__(self):
+        if self.reason is None:
+            if self.kernel is None or self.estimate is None:
+                raise ValueError(f"region {self.region.id}: a plan left to XLA says why (reason); a stitched "
+                                 "one has a kernel and an estimate")
+            if self.reason_op is not None or self.reason_kind is not None:
+                raise ValueError(f"region {self.region.id}: reason_op and reason_kind belong to a reason")
+
     @property
     def stitched(self) -> bool:
         return self.kernel is not None and self.reason is None
