@@ -87,3 +87,22 @@ def test_a_region_plan_checks_its_invariants():
         dataclasses.replace(plan, reason_kind=ReasonKind.COST)
     declined = dataclasses.replace(plan, reason="the test declines it", reason_kind=ReasonKind.COST)
     assert not declined.stitched
+
+
+def test_the_planner_refuses_what_the_templates_cannot_render():
+    """A column sum of int32 values over the grid: codegen accumulates grid-wide reductions in float,
+    so the planner refuses it (kind dtype, naming the op); the tile kernels' reductions are
+    lowering's functors."""
+    from jaxstitch.lowering.cuda_ops import REDUCE
+    from jaxstitch.plan import tile
+
+    def int_column_sum(x):
+        return jnp.sum(x * 3, axis=0)
+
+    spec = jax.ShapeDtypeStruct((65536, 1024), jnp.int32)
+    tree = jax.tree_util.tree_structure(((spec,), {}))
+    program = pipeline.build(int_column_sum, [spec], tree, TARGET, config.load())
+    (c,) = [c for c in program.regions if any(op.prim == "reduce_sum" for op in c.plan.region.ops)]
+    assert not c.stitched and c.plan.reason_kind == ReasonKind.DTYPE, c.plan.reason
+    assert "reduce_sum over the grid of a int32 value" in c.plan.reason and c.plan.reason_op is not None
+    assert tile.TILE_REDUCTIONS == frozenset(REDUCE)

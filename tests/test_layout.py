@@ -5,7 +5,8 @@ Read from the source with `ast`, so every import counts, those inside functions 
   other, directly or around a loop;
 - only the frontend, the JAX integration, the public API and the benchmarks import JAX, and the
   stages from `core` to `kernels` reach no module that does;
-- only `integration/jax_internals.py` touches `jax._src`.
+- only `integration/jax_internals.py` touches `jax._src`;
+- codegen (`lowering/`) never refuses a plan: the planner decides.
 """
 from __future__ import annotations
 
@@ -137,3 +138,14 @@ def test_the_stages_before_the_driver_reach_no_jax():
 
 def test_only_jax_internals_touches_jax_src():
     assert sorted(m for m, (_, others) in GRAPH.items() if "jax._src" in others) == [JAX_SRC]
+
+
+def test_codegen_decides_nothing():
+    """Planning decides, codegen renders: no module of `lowering/` names the planner's refusal
+    (`Unplannable`); a plan the templates cannot render is refused by the planner
+    (planner.unrenderable), and codegen meeting one anyway is a bug (kernel.Unrenderable)."""
+    naming = sorted(m for m, path in MODULES.items() if stage(m) == "lowering"
+                    and any(isinstance(n, ast.Name) and n.id == "Unplannable" or
+                            isinstance(n, ast.alias) and n.name == "Unplannable"
+                            for n in ast.walk(ast.parse(path.read_text()))))
+    assert naming == []

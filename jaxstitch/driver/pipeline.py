@@ -134,8 +134,10 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config, source=None) ->
         return Compiled(plan, None, None, None, None)
     try:
         source = codegen.render(plan.kernel) if source is None else source
-    except Unplannable as e:
-        return Compiled(plan, None, None, None, f"codegen: {e}")
+    except codegen.Unrenderable as e:  # (a planner bug: planner.unrenderable lets no such plan through)
+        if cfg.strict:
+            raise
+        return Compiled(plan, None, None, None, fallback.region_failed("codegen", plan.region.ops, "", e))
     source = dumps.overridden(source, cfg.override_dir)  # (JAXSTITCH_OVERRIDE_DIR's hand-edited kernels)
     lines = _lines(source)
     if lines > MAX_SOURCE_LINES:

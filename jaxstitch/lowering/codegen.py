@@ -13,14 +13,14 @@ import string
 from ..core import ir
 from ..core import ops as opdefs
 from ..plan import KernelPlan
-from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR, ReasonKind, Unplannable
+from ..plan.layout import COL, EPILOGUE, FULL, ROW, SCALAR
 from ..plan.remote import RemotePlan
 from ..plan.scan import ScanPlan
 from ..plan.tile import TilePlan
 from . import reductions, remote_codegen, scan_codegen, tile_codegen
 from .cuda_ops import CTYPE, REDUCE, STYPE
 from .epilogue import render_epilogue
-from .kernel import KERNEL_NAME, Kernel, Source, Writer, template, vec_col, vec_col_definition  # noqa: F401 (re-exported)
+from .kernel import KERNEL_NAME, Kernel, Source, Unrenderable, Writer, template, vec_col, vec_col_definition  # noqa: F401 (re-exported)
 from .staging import first_row_group, load_chunk, next_buffer, next_row_group, refill_ring, stage_rows
 
 
@@ -180,7 +180,7 @@ def _render_rows(plan: KernelPlan) -> Source:
     grid_ops = [op for op in region.ops if opdefs.is_grid_reduction(op)]
     for op in grid_ops:
         if CTYPE[op.outputs[0].dtype] != "float":
-            raise Unplannable(ReasonKind.DTYPE, f"{op.prim} over the grid of a {op.outputs[0].dtype} value")
+            raise Unrenderable(f"{op.prim} over the grid of a {op.outputs[0].dtype} value")
     params = [f"const {STYPE[v.dtype]}* __restrict__ in{i}" for i, v in enumerate(region.inputs)]
     params += [f"{STYPE[v.dtype]}* __restrict__ out{j}" for j, v in enumerate(region.outputs)]
     if m.cooperative:

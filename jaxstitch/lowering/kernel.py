@@ -44,6 +44,11 @@ class Source:
     param_names: tuple[str, ...]
 
 
+class Unrenderable(AssertionError):
+    """A plan the templates have no form for: the planner refuses such plans (planner.unrenderable),
+    so meeting one here is a planner bug; its region is left to XLA."""
+
+
 @functools.lru_cache(maxsize=None)
 def template(name: str) -> str:
     return resources.files("jaxstitch.csrc_templates").joinpath(name).read_text()

@@ -11,10 +11,9 @@ import string
 from ..core import ir
 from ..core import ops as opdefs
 from ..graph.partition import Region
-from ..plan.layout import ReasonKind, Unplannable
 from ..plan.remote import RemotePlan
 from .cuda_ops import CTYPE, EXPR, STYPE, as_written, as_xla_rounds, layout_root, literal, written_half
-from .kernel import KERNEL_NAME, Writer, template
+from .kernel import KERNEL_NAME, Unrenderable, Writer, template
 
 
 class _Body:
@@ -67,7 +66,7 @@ class _Body:
 
     def expr(self, op: ir.Op) -> str:
         if op.prim not in EXPR or len(op.outputs) != 1:
-            raise Unplannable(ReasonKind.OP, f"{op.prim} has no C expression")
+            raise Unrenderable(f"{op.prim} has no C expression")
         return as_xla_rounds(op, EXPR[op.prim](op, [self.ref(a) for a in op.inputs]), self.region.shared)
 
     def elements(self, w: Writer, width: str, at: str):

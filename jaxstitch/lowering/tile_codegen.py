@@ -17,7 +17,6 @@ import string
 from ..core import ir
 from ..core import ops as opdefs
 from ..plan import tile as T
-from ..plan.layout import ReasonKind, Unplannable
 from .cuda_ops import (
     CTYPE,
     REDUCE,
@@ -31,7 +30,7 @@ from .cuda_ops import (
     select_product,
     written_half,
 )
-from .kernel import KERNEL_NAME, Source, Writer, template
+from .kernel import KERNEL_NAME, Source, Unrenderable, Writer, template
 
 _SIZE = {T.N: "N_ROWS", T.A: "TA", T.B: "TB"}
 SLOTS = 4  # at most this many elements of an axis a lane for slot loops (registers per cached value)
@@ -170,7 +169,7 @@ class _Emitter:
 def _reduce(op: ir.Op):
     ctype = CTYPE[op.outputs[0].dtype]
     if op.prim not in REDUCE:
-        raise Unplannable(ReasonKind.OP, f"{op.prim} in a tile")
+        raise Unrenderable(f"{op.prim} in a tile")
     functor, ident = REDUCE[op.prim]
     return ctype, functor, ident[ctype]
 

@@ -270,9 +270,29 @@ def _refused(region: Region, e: Unplannable) -> RegionPlan:
 
 
 def _declined_or_not(region: Region, kernel, est: cost.Estimate, reason: str | None) -> RegionPlan:
-    """A planned region's plan: stitched, or left to XLA by the cost model (`reason`)."""
+    """A planned region's plan: stitched, or left to XLA by the cost model (`reason`), or refused
+    where the kernel templates have no form for one of its ops (`unrenderable`)."""
+    if reason is None:
+        missing = unrenderable(kernel)
+        if missing is not None:
+            return _refused(region, missing)
     return RegionPlan(region=region, kernel=kernel, estimate=est, reason=reason,
                       reason_kind=None if reason is None else ReasonKind.COST)
+
+
+def unrenderable(kernel) -> Unplannable | None:
+    """What in a planned kernel the templates cannot render, or None: a row kernel's grid-wide
+    reduction accumulates in float (its workspace and atomics), a tile kernel reduces with a sum, a
+    max or a min. Asked only of a kernel about to be stitched, as codegen would meet it."""
+    if isinstance(kernel, KernelPlan):
+        for op in kernel.region.ops:
+            if opdefs.is_grid_reduction(op) and op.outputs[0].dtype not in ir.FLOAT_DTYPES:
+                return Unplannable(ReasonKind.DTYPE, f"{op.prim} over the grid of a {op.outputs[0].dtype} value", op=op)
+    if isinstance(kernel, tile.TilePlan):
+        for op in kernel.region.ops:
+            if op.prim in opdefs.REDUCTIONS and op.prim not in tile.TILE_REDUCTIONS:
+                return Unplannable(ReasonKind.OP, f"{op.prim} in a tile", op=op)
+    return None
 
 
 def _staged_prefixes(region: Region, layout, mp, tuning) -> tuple[Prefix, ...]:

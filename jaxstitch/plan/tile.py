@@ -79,6 +79,8 @@ class NotATile(Unplannable):
 
 
 NOT_A_TILE = "no batch of tiles"
+# The reductions a tile kernel renders (lowering/cuda_ops.REDUCE: their functors and identities).
+TILE_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min"})
 MAX_TILE_SMEM = 64 * 1024
 # Threads per block. DIEN's 50x36 tiles on an H100: 128 was 1.16x faster than 256 (more tiles in
 # flight); 64 was 1.20x faster in bfloat16 but 0.92x in float32.
