@@ -22,9 +22,9 @@ from ..kernels import cache, nvrtc
 from ..lowering import codegen
 from ..plan import KernelPlan, RegionPlan, Unplannable, cost, plan_region, remote, tile, views
 from ..plan import mapping as mapping_mod
+from ..plan import scan as scan_mod
 from ..plan.candidates import Candidate, candidates, tprs
 from ..plan.candidates import narrower as narrower_plan
-from ..plan import scan as scan_mod
 from ..plan.layout import ReasonKind, place
 from ..plan.planner import min_gain
 from . import build_times, dumps, fallback, progress
