@@ -15,47 +15,55 @@ class Tuning:
     experiments). None keeps the heuristic; for a switch, 1 is the technique on and 0 off. Where a
     default was decided by measurement, the field's comment says by what."""
 
-    max_tpr: int = 1024
-    elems: int | None = None
-    min_threads: int = MIN_THREADS_PER_SM
-    stages: int | None = None
-    min_gain_pct: int | None = None
-    splits: int | None = None
-    online: int = 1
-    shifts: int = 1
-    factors: int = 1
-    fast_exp: int = 1
-    stitch: int = 1
-    grid: int = 1
-    remote: int = 1
-    tails: int = 1
-    recompute: int = 3  # 3: GPT's attention forward stops writing its scaled scores and float32 exponentials
-    variants: int = 1
-    split_rows: int | None = None
-    diamonds: int = 1
-    scans: int = 1
-    scan_sums: int = 1
-    pairs: int = 1
-    serpentine: int = 1
+    # frontend: the trace's rewrites
     scatters: int = 1
     wide_scatters: int = 1
     merge_products: int = 1  # GPT bfloat16, H100: 12.19 -> 11.64 ms busy
     batched_folds: int = 1
     product_concats: int = 0
-    cut_saving_us: int | None = None
-    cmd_buffers: int = 1  # 0 was slower in one process for BERT (both dtypes) and GPT, a tie for DIEN
-    xla_kernels: int = 0  # 1 gained nothing on BERT's or GPT's step
-    col_group: int = 0
-    one_wave: int = 0  # 1 gained nothing on GPT's or BERT's bfloat16 step (H100)
+
+    # graph: which ops share a region
+    stitch: int = 1
+    tails: int = 1
+    recompute: int = 3  # 3: GPT's attention forward stops writing its scaled scores and float32 exponentials
     wide_converts: int = 0  # 1 rounds less than XLA on Hopper: a DIEN-like tile kernel ended 8% off jax.jit's
+
+    # plan: each region's kernel (layout, thread mapping, cost)
+    min_gain_pct: int | None = None
+    cut_saving_us: int | None = None
+    max_tpr: int = 1024
+    elems: int | None = None
+    min_threads: int = MIN_THREADS_PER_SM
+    stages: int | None = None
+    splits: int | None = None
+    split_rows: int | None = None
+    online: int = 1
+    shifts: int = 1
+    factors: int = 1
+    fast_exp: int = 1
+    grid: int = 1
+    remote: int = 1
+    diamonds: int = 1
+    scans: int = 1
+    scan_sums: int = 1
+    pairs: int = 1
+    serpentine: int = 1
     prefixes: int = 1
     teams: int | None = None
+    col_group: int = 0
+    one_wave: int = 0  # 1 gained nothing on GPT's or BERT's bfloat16 step (H100)
+    variants: int = 1
 
-    FIELDS = ("max_tpr", "elems", "min_threads", "stages", "min_gain_pct", "splits", "online", "shifts", "factors", "fast_exp",
-              "stitch", "grid", "remote", "tails", "recompute", "variants", "split_rows", "diamonds", "scans",
-              "scan_sums", "pairs", "serpentine", "scatters", "wide_scatters", "merge_products",
-              "batched_folds", "product_concats", "cut_saving_us", "cmd_buffers", "xla_kernels", "col_group",
-              "one_wave", "wide_converts", "prefixes", "teams")
+    # integration: how the kernels run in XLA's program
+    cmd_buffers: int = 1  # 0 was slower in one process for BERT (both dtypes) and GPT, a tie for DIEN
+    xla_kernels: int = 0  # 1 gained nothing on BERT's or GPT's step
+
+    FIELDS = ("scatters", "wide_scatters", "merge_products", "batched_folds", "product_concats",
+              "stitch", "tails", "recompute", "wide_converts", "min_gain_pct", "cut_saving_us",
+              "max_tpr", "elems", "min_threads", "stages", "splits", "split_rows", "online",
+              "shifts", "factors", "fast_exp", "grid", "remote", "diamonds", "scans", "scan_sums",
+              "pairs", "serpentine", "prefixes", "teams", "col_group", "one_wave", "variants",
+              "cmd_buffers", "xla_kernels")  # (in the order of the fields)
 
     @classmethod
     def parse(cls, spec: str) -> "Tuning":
