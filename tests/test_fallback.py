@@ -91,3 +91,24 @@ def test_the_users_own_error_is_raised_as_it_is(lenient):
         raise ValueError("the user's mistake")
     with pytest.raises(ValueError, match="the user's mistake"):
         jaxstitch.jit(wrong, target="h100")(*_args())
+
+
+def test_a_refusal_met_while_rendering_is_a_reason_not_an_internal_error(monkeypatch, caplog):
+    """A plan/ helper that rendering calls (layout.row_axes, a view's affine map) may still refuse:
+    the region stays XLA's with that reason, quietly and under JAXSTITCH_STRICT too; only codegen's
+    own Unrenderable is a bug (warned about)."""
+    from jaxstitch.core import config
+    from jaxstitch.lowering import codegen
+    from jaxstitch.plan.layout import ReasonKind, Unplannable
+
+    def refusing(kernel):
+        raise Unplannable(ReasonKind.LAYOUT, "shape (3, 5) does not split into 4 rows")
+
+    monkeypatch.setattr(codegen, "render", refusing)
+    x, g = (jax.ShapeDtypeStruct(a.shape, a.dtype) for a in _args())
+    region = next(r for r in pipeline.build(layernorm, [x, g], jax.tree_util.tree_structure(((x, g), {})),
+                                            jaxstitch.get_target("h100"), config.load()).partition.regions)
+    with caplog.at_level(logging.WARNING, logger="jaxstitch"):
+        c = pipeline.compile_region(region, jaxstitch.get_target("h100"), config.load())
+    assert not c.stitched and c.error == "codegen: shape (3, 5) does not split into 4 rows"
+    assert not [r for r in caplog.records if "internal error" in r.getMessage()]

@@ -134,6 +134,8 @@ def _compile_plan(plan: RegionPlan, target: Target, cfg: Config, source=None) ->
         return Compiled(plan, None, None, None, None)
     try:
         source = codegen.render(plan.kernel) if source is None else source
+    except Unplannable as e:  # (raised by a plan/ helper rendering calls, such as layout.row_axes)
+        return Compiled(plan, None, None, None, f"codegen: {e}")
     except codegen.Unrenderable as e:  # (a planner bug: planner.unrenderable lets no such plan through)
         if cfg.strict:
             raise
