@@ -20,7 +20,7 @@ from ..plan.tile import TilePlan
 from . import reductions, remote_codegen, scan_codegen, tile_codegen
 from .cuda_ops import CTYPE, REDUCE, STYPE
 from .epilogue import render_epilogue
-from .kernel import KERNEL_NAME, Kernel, Source, Unrenderable, Writer, template, vec_col, vec_col_definition  # noqa: F401 (re-exported)
+from .kernel import KERNEL_NAME, Kernel, RoundBarriers, Source, Unrenderable, Writer, template, vec_col, vec_col_definition  # noqa: F401 (re-exported)
 from .staging import first_row_group, load_chunk, next_buffer, next_row_group, refill_ring, stage_rows
 
 
@@ -256,10 +256,11 @@ def _row_loop(k: Kernel, pro: Writer, body: Writer, early: list, body_ops: list,
         stage_rows(k, pro, stash, first_row_group(k))
         for ahead in range(1, m.stages - 1):  # a ring of STAGES buffers: STAGES - 1 groups in flight
             stage_rows(k, pro, stash, next_row_group(k, ahead, first_row_group(k)), buf=str(ahead))
-    loop_top = None
+    phases = _phases(k, body_ops, grid_ops, level)
+    k.barriers = _round_barriers(k, phases)
     if m.stages >= 2:  # refill the buffer the last row group was read from (all its reads are done)
-        loop_top = len(body.lines)
-        body("__syncthreads();")
+        if k.barriers.loop_top:
+            body("__syncthreads();")
         refill_ring(k, body, stash)
         body(f"js_stage_wait<{m.stages - 1}>();")
     elif m.stages == 1:
@@ -272,20 +273,33 @@ def _row_loop(k: Kernel, pro: Writer, body: Writer, early: list, body_ops: list,
         load_chunk(k, body, stash, first_phase=True)
     for v in early:
         k.store_output(body, v, "row")
-    phases = _phases(k, body_ops, grid_ops, level)
     last_chunk_phase = max(ph.level for ph in phases if ph.chunk_work)
     chunk_passes = 0
     for ph in phases:
         chunk_passes = _row_phase(k, body, ph, stash, early, last_chunk_phase, chunk_passes)
     if m.stages >= 2:
         body(next_buffer(m.stages))
-    if loop_top is not None and not k.red_rounds and not k.scan_smem:
-        # No shared memory but the stage buffers, whose slots each thread copies and reads back
-        # itself: nothing for the barrier to order. (Otherwise it also orders the rounds of the
-        # row reductions and scans through shared memory.) moe_router's row kernel, H100: 2-3%.
-        del body.lines[loop_top]
-        loop_top = None
-    reductions.drop_reuse_barriers(k, loop_top_barrier=loop_top is not None)
+    if k.smem_rounds != k.barriers.rounds or bool(k.scan_smem) != k.barriers.smem_scans:
+        raise Unrenderable(f"the row loop wrote {k.smem_rounds} rounds through shared memory "
+                           f"and {len(k.scan_smem)} scans' arrays, planned {k.barriers.rounds} and "
+                           f"{k.barriers.smem_scans}")
+
+
+def _round_barriers(k: Kernel, phases: list[_Phase]) -> RoundBarriers:
+    """The barriers of the row loop's rounds through shared memory, from its phases before any line
+    is written. A row wider than a warp finishes each phase's row reductions in one round through
+    js_red, round r in bank r % 2: a bank is written again two rounds later, past the other round's
+    barrier, so only the last round of an odd count needs a barrier after its reads, and not even
+    that where the loop's top has one. The top's barrier (rings of two or more stages) orders the
+    refill of the buffer last read; with no rounds and no scans through shared memory there is
+    nothing else for it to order, since each thread reads back only the slots it copied itself
+    (moe_router's row kernel, H100: 2-3%)."""
+    m = k.plan.mapping
+    rounds = sum(1 for ph in phases if ph.reductions) if m.tpr > 32 else 0
+    smem_scans = m.tpr > 32 and any(op.prim in opdefs.SCANS for op in k.plan.region.ops)
+    loop_top = m.stages >= 2 and (rounds > 0 or smem_scans)
+    return RoundBarriers(rounds=rounds, smem_scans=smem_scans, loop_top=loop_top,
+                         last_round=rounds % 2 == 1 and not loop_top)
 
 
 def _row_phase(k: Kernel, body: Writer, ph, stash: dict, early: list, last_chunk_phase: int,

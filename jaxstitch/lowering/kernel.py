@@ -102,6 +102,16 @@ class Writer:
         self("}")
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RoundBarriers:
+    """The row loop's barriers around its rounds through shared memory (codegen._round_barriers)."""
+
+    rounds: int        # rounds of row reductions through js_red a row
+    smem_scans: bool   # scans whose warps meet through shared memory
+    loop_top: bool     # a barrier at the loop's top, before the stage ring's refill
+    last_round: bool   # a barrier after the last round's reads
+
+
 class Kernel:
     """Codegen's working state for one row kernel: the plan and the names it has given values so far,
     shared by the prologue, body and epilogue writers (mutable: it lives only while rendering)."""
@@ -126,10 +136,10 @@ class Kernel:
         self.online_by_max = {o.max_id: o for o in plan.online}
         self.online_by_sum = {i: o for o in plan.online for i in o.sum_ids}  # weighted sums too
         self.producer = {o.id: op for op in plan.region.ops for o in op.outputs}
-        # The js_red bank pairs of the row loop's reduction rounds, round r using bank r % 2: a bank
-        # is written again two rounds later, after the other round's barrier, so a round needs no
-        # barrier after its reads, except the last one of an odd count (see _drop_reuse_barriers).
-        self.red_rounds: list[tuple[Writer, int]] = []
+        # The row loop's rounds through shared memory: their barriers, decided before the loop is
+        # written (codegen._round_barriers), and the rounds written so far (round r uses bank r % 2).
+        self.barriers = RoundBarriers(rounds=0, smem_scans=False, loop_top=False, last_round=False)
+        self.smem_rounds = 0
         # Rematerialization: a full-size value is kept in registers only within the phase that made
         # it; a later phase recomputes it from the loaded inputs, so the registers held across the
         # row reductions are just the inputs' (memory-bound kernels have ALU to spare).

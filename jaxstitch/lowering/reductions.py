@@ -233,12 +233,13 @@ def _warps_round(k: Kernel, w: Writer, slots: list):
     """reduce_finish's round through shared memory, for rows wider than a warp: each warp's lane 0
     writes its partials, and after one barrier every thread folds the row's warps' partials."""
     k.n_row_red = max(k.n_row_red, len(slots))
-    bank = len(k.red_rounds) % 2
+    bank = k.smem_rounds % 2
+    k.smem_rounds += 1
     _write_warp_partials(k, w, slots, bank)
     w("__syncthreads();")
     _read_warp_partials(k, w, slots, bank)
-    k.red_rounds.append((w, len(w.lines)))
-    w("__syncthreads();  // before js_red's bank is written again")
+    if k.smem_rounds == k.barriers.rounds and k.barriers.last_round:
+        w("__syncthreads();  // before js_red's bank is written again")
 
 
 def _write_warp_partials(k: Kernel, w: Writer, slots: list, bank: int):
@@ -371,15 +372,3 @@ def grid_accumulate(k: Kernel, w: Writer, op: ir.Op):
         k.each_element(w, f"a{out.id} = {fn}(a{out.id}, (float){k.ref(src)});", guard="row_ok")
     else:
         w(f"if (row_ok && lane == 0 && ROW_C0 == 0) a{out.id} = {fn}(a{out.id}, (float){k.ref(src, '0')});")
-
-
-def drop_reuse_barriers(k: Kernel, loop_top_barrier: bool):
-    """Removes the barriers after reduction rounds whose bank the next writer reaches only past
-    another barrier: every round's but the last, and the last's too when the rounds per row are even
-    (the next row's first round uses the other bank) or the row loop starts with a barrier."""
-    n = len(k.red_rounds)
-    for r, (w, at) in enumerate(k.red_rounds):
-        if r < n - 1 or n % 2 == 0 or loop_top_barrier:
-            w.lines[at] = None
-    for w in {id(w): w for w, _ in k.red_rounds}.values():
-        w.lines[:] = [line for line in w.lines if line is not None]
