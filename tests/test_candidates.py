@@ -106,3 +106,19 @@ def test_the_planner_refuses_what_the_templates_cannot_render():
     assert not c.stitched and c.plan.reason_kind == ReasonKind.DTYPE, c.plan.reason
     assert "reduce_sum over the grid of a int32 value" in c.plan.reason and c.plan.reason_op is not None
     assert tile.TILE_REDUCTIONS == frozenset(REDUCE)
+
+
+def test_an_unrenderable_kernel_is_refused_even_where_the_cost_model_declines_it():
+    """The refusal comes before the cost model's decision: a region the cost model declines (an int32
+    sum over 2 rows) is still refused for its dtype, so nothing that strips cost vetoes (the tests'
+    force_stitching) can send it to codegen. The GPU's fuzz sample once found it raising
+    kernel.Unrenderable there, in strict mode."""
+    from strategies import force_stitching
+
+    spec = jax.ShapeDtypeStruct((2, 1, 1), jnp.int32)
+    tree = jax.tree_util.tree_structure(((spec,), {}))
+    cfg = dataclasses.replace(config.load(), strict=True)
+    with force_stitching():
+        program = pipeline.build(lambda x: jnp.sum(x, axis=0), [spec], tree, TARGET, cfg)
+    (c,) = [c for c in program.regions if any(op.prim == "reduce_sum" for op in c.plan.region.ops)]
+    assert not c.stitched and c.plan.reason_kind == ReasonKind.DTYPE, c.plan.reason

@@ -270,12 +270,12 @@ def _refused(region: Region, e: Unplannable) -> RegionPlan:
 
 
 def _declined_or_not(region: Region, kernel, est: cost.Estimate, reason: str | None) -> RegionPlan:
-    """A planned region's plan: stitched, or left to XLA by the cost model (`reason`), or refused
-    where the kernel templates have no form for one of its ops (`unrenderable`)."""
-    if reason is None:
-        missing = unrenderable(kernel)
-        if missing is not None:
-            return _refused(region, missing)
+    """A planned region's plan: refused where the kernel templates have no form for one of its ops
+    (`unrenderable`, asked first, so that no plan with such a kernel exists to be forced), else
+    stitched or left to XLA by the cost model (`reason`)."""
+    missing = unrenderable(kernel)
+    if missing is not None:
+        return _refused(region, missing)
     return RegionPlan(region=region, kernel=kernel, estimate=est, reason=reason,
                       reason_kind=None if reason is None else ReasonKind.COST)
 
@@ -283,7 +283,7 @@ def _declined_or_not(region: Region, kernel, est: cost.Estimate, reason: str | N
 def unrenderable(kernel) -> Unplannable | None:
     """What in a planned kernel the templates cannot render, or None: a row kernel's grid-wide
     reduction accumulates in float (its workspace and atomics), a tile kernel reduces with a sum, a
-    max or a min. Asked only of a kernel about to be stitched, as codegen would meet it."""
+    max or a min. Asked of every planned kernel, before the cost model's decision."""
     if isinstance(kernel, KernelPlan):
         for op in kernel.region.ops:
             if opdefs.is_grid_reduction(op) and op.outputs[0].dtype not in ir.FLOAT_DTYPES:
