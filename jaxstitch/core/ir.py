@@ -6,6 +6,7 @@ that never touch JAX internals and can be tested without a GPU.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Union
 
@@ -18,8 +19,8 @@ class Value:
     shape: tuple[int, ...]
     dtype: str
 
-    @property
-    def size(self) -> int:
+    @functools.cached_property
+    def size(self) -> int:  # (cached: partitioning asks it about a million times of GPT's step)
         return math.prod(self.shape)
 
     @property

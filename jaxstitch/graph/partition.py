@@ -145,15 +145,18 @@ class Nodes:
         return False
 
     def can_merge_all(self, members) -> bool:
-        """Whether merging all of `members` is safe: no path leaves them and comes back."""
+        """Whether merging all of `members` is safe: no path leaves them and comes back. Only nodes
+        above the lowest member's level can lead back to one (a node's level is above its
+        dependencies'), so the search stops below it."""
         inside = {self.find(m) for m in members}
+        lowest = min(self.level[m] for m in inside) if self.ordered else -1
         stack = [self.find(d) for m in inside for d in self.deps[m] if self.find(d) not in inside]
         seen = set()
         while stack:
             n = stack.pop()
             if n in inside:
                 return False
-            if n not in seen:
+            if n not in seen and self.level[n] > lowest:
                 seen.add(n)
                 stack.extend(self.find(d) for d in self.deps[n])
         return True
@@ -412,12 +415,12 @@ def _merge_across_views(consumers: dict[int, set[int]], nodes: Nodes, region_ops
     def links():
         made_by = {o.id: root for root, rops in region_ops.items() for op in rops for o in op.outputs}
         moving = {root for root, rops in region_ops.items() if any(op.prim in opdefs.VIEWS for op in rops)}
+        reducing = {root for root, rops in region_ops.items() if any(opdefs.is_grid_reduction(op) for op in rops)}
         for root in sorted(region_ops):
             sources = {made_by[a.id] for op in region_ops[root] for a in op.inputs
                        if isinstance(a, ir.Value) and a.id in made_by} - {root}
             for src in sorted(sources):
-                if (src in moving or root in moving) and not any(
-                        opdefs.is_grid_reduction(op) for op in region_ops[src]):
+                if (src in moving or root in moving) and src not in reducing:
                     yield src, root
 
     def merge(members) -> bool:
@@ -481,7 +484,7 @@ def make_region(rid: int, rops: list[ir.Op], consumers: dict[int, set[int]],
             if isinstance(a, ir.Value) and a.id not in produced and a.id not in seen:
                 seen.add(a.id)
                 inputs.append(a)
-    outputs = [o for op in rops for o in op.outputs if any(c not in members for c in consumers.get(o.id, ()))]
+    outputs = [o for op in rops for o in op.outputs if not members.issuperset(consumers.get(o.id, ()))]
     return Region(rid, tuple(rops), tuple(inputs), tuple(outputs), cut)
 
 

@@ -423,7 +423,8 @@ def plan_tile(region: Region, target: Target, tuning: Tuning = Tuning(), fast_ex
 
 
 def _plan_tile(region: Region, target: Target, tuning: Tuning, fast_exp: bool) -> TilePlan:
-    moves = sorted({op.prim for op in region.ops if op.prim in opdefs.VIEWS | opdefs.SCANS} - {"transpose"})
+    moving = opdefs.VIEWS | opdefs.SCANS
+    moves = sorted({op.prim for op in region.ops if op.prim in moving} - {"transpose"})
     if moves:
         raise Unplannable(ReasonKind.OP,
                           f"{', '.join(moves)} in a tile (data-moving ops other than transposes, and scans, "

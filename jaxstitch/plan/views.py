@@ -500,8 +500,8 @@ def never_placed(region: Region) -> bool:
               if v.size >= floor} | ({(1,)} if floor <= 1 else set())  # (sinking's new scalars)
     producer = {o.id: op.prim for op in region.ops for o in op.outputs}
     # (placing reads these as rows x columns: elementwise ops, and views sunk into copies)
-    split = [v.shape for v in region.outputs
-             if producer.get(v.id) in opdefs.ELEMENTWISE | opdefs.VIEWS | {"broadcast_in_dim"}]
+    by_rows = opdefs.ELEMENTWISE | opdefs.VIEWS | {"broadcast_in_dim"}
+    split = [v.shape for v in region.outputs if producer.get(v.id) in by_rows]
 
     def declares_all(shape) -> bool:
         n, c = math.prod(shape[:-1]), shape[-1]
