@@ -25,24 +25,38 @@ def move_tails(graph: ir.Graph, part: Partition, fits: Callable[[Region], bool])
     consumers = consumers_of(graph)
     region_of = {op.index: r.id for r in part.regions for op in r.ops}
     ops_of = {r.id: list(r.ops) for r in part.regions}
+    moves: dict[int, list[tuple[int, list[ir.Op]]]] = {}  # home -> (tail's region, tail), in order
     for r in part.regions:
         for tail in _tails(r):
             home = _sole_reader(tail, consumers, region_of)
-            if home is None or home == r.id:
-                continue
-            grown = sorted(ops_of[home] + tail, key=lambda op: op.index)
-            if not fits(make_region(home, grown, consumers)):
-                continue
-            moved = {op.index for op in tail}
-            ops_of[r.id] = [op for op in ops_of[r.id] if op.index not in moved]
-            ops_of[home] = grown
-            region_of.update((i, home) for i in moved)
+            if home is not None and home != r.id:
+                moves.setdefault(home, []).append((r.id, tail))
+    for home, tails in moves.items():
+        # All of a home's tails at once, one fits check (an optimizer's update region takes a tail
+        # from each bias gradient: GPT's step asked 25 checks of ~940 ops, 0.4 s); else one by one.
+        if not _move(home, tails, ops_of, region_of, consumers, fits) and len(tails) > 1:
+            for t in tails:
+                _move(home, [t], ops_of, region_of, consumers, fits)
     if all(len(ops_of[r.id]) == len(r.ops) for r in part.regions):
         return part
     ordered = sorted(part.regions, key=lambda r: min(op.index for op in ops_of[r.id]))
     regions = tuple(dataclasses.replace(make_region(i, ops_of[r.id], consumers), cut=r.cut)
                     for i, r in enumerate(ordered))
     return dataclasses.replace(part, regions=regions)
+
+
+def _move(home: int, tails: list[tuple[int, list[ir.Op]]], ops_of: dict, region_of: dict,
+          consumers: dict, fits: Callable[[Region], bool]) -> bool:
+    """Moves the tails into region `home` where it then still fits; whether it did."""
+    grown = sorted(ops_of[home] + [op for _, tail in tails for op in tail], key=lambda op: op.index)
+    if not fits(make_region(home, grown, consumers)):
+        return False
+    for rid, tail in tails:
+        moved = {op.index for op in tail}
+        ops_of[rid] = [op for op in ops_of[rid] if op.index not in moved]
+        region_of.update((i, home) for i in moved)
+    ops_of[home] = grown
+    return True
 
 
 def _tails(r: Region) -> list[list[ir.Op]]:
