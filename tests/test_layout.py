@@ -6,7 +6,8 @@ Read from the source with `ast`, so every import counts, those inside functions 
 - only the frontend, the JAX integration, the public API and the benchmarks import JAX, and the
   stages from `core` to `kernels` reach no module that does;
 - only `integration/jax_internals.py` touches `jax._src`;
-- codegen (`lowering/`) never refuses a plan: the planner decides.
+- codegen (`lowering/`) never refuses a plan: the planner decides;
+- no function is over 100 lines.
 """
 from __future__ import annotations
 
@@ -149,3 +150,14 @@ def test_codegen_decides_nothing():
                             isinstance(n, ast.alias) and n.name == "Unplannable"
                             for n in ast.walk(ast.parse(path.read_text()))))
     assert naming == []
+
+
+MAX_FUNCTION_LINES = 100  # (the house style aims at ~80; this is the hard limit)
+
+
+def test_no_function_is_longer_than_the_limit():
+    """Long functions are split along their natural steps; this keeps the package so."""
+    long = [(f"{m}.{n.name}", n.end_lineno - n.lineno + 1) for m, path in MODULES.items()
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno >= MAX_FUNCTION_LINES]
+    assert long == []
