@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from types import ModuleType
 
-from . import conformer, convnext, dlrm, llama, mamba, resnet, t5, unet
+from . import conformer, convnext, dlrm, llama, mamba, mixer, resnet, t5, unet, vit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +67,8 @@ _ENTRIES = [
     Model("resnet_infer", "ResNet-18 forward (running statistics)", resnet, inference=True),
     Model("llama_infer", "Llama forward (prefill, next-token predictions)", llama, inference=True),
     Model("convnext_infer", "ConvNeXt-T forward", convnext, inference=True),
+    Model("vit", "ViT-S/16 (pre-LayerNorm, exact GELU, dropout, class token, global-norm clipping)", vit),
+    Model("mixer", "MLP-Mixer-S/16 (token-mixing MLPs over swapped axes)", mixer),
 ]
 MODELS: dict[str, Model] = {m.name: m for m in _ENTRIES}
 TRAIN = [m.name for m in _ENTRIES if not m.inference]
