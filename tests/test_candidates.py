@@ -111,8 +111,8 @@ def test_the_planner_refuses_what_the_templates_cannot_render():
 def test_an_unrenderable_kernel_is_refused_even_where_the_cost_model_declines_it():
     """The refusal comes before the cost model's decision: a region the cost model declines (an int32
     sum over 2 rows) is still refused for its dtype, so nothing that strips cost vetoes (the tests'
-    force_stitching) can send it to codegen. The GPU's fuzz sample once found it raising
-    kernel.Unrenderable there, in strict mode."""
+    force_stitching) can send it to codegen, where strict mode raises kernel.Unrenderable (the GPU
+    fuzz sample's program)."""
     from strategies import force_stitching
 
     spec = jax.ShapeDtypeStruct((2, 1, 1), jnp.int32)
