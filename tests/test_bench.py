@@ -212,6 +212,14 @@ def test_time_fn_and_pick_inner():
     assert 1 <= bench.pick_inner(f, (x,)) <= bench.MAX_INNER
 
 
+def test_spread_is_the_interquartile_range_over_the_median():
+    assert bench.spread_pct([10.0, 10.0, 10.0, 10.0]) == 0.0
+    assert bench.spread_pct([9.0, 10.0, 11.0, 12.0, 100.0]) == pytest.approx(200 / 11)  # (one slow repeat barely moves it)
+    assert bench.spread_pct([5.0]) == 0.0
+    (median, spread), = bench.timed_spread([jax.jit(lambda v: v * 2)], (jnp.ones((8,)),), reps=4, inners=[2])
+    assert median > 0 and spread >= 0
+
+
 def test_max_rel_err_worst_leaf():
     want = (jnp.array([1.0, -4.0]), jnp.array([2.0, 2.0], jnp.bfloat16))
     got = (jnp.array([1.0, -4.0]), jnp.array([2.0, 2.5], jnp.bfloat16))
@@ -222,7 +230,7 @@ def test_max_rel_err_worst_leaf():
 def _row(name="softmax_fwd", **kw):
     row = {"workload": name, "dtype": "float32", "jit_us": 120.0, "stitch_us": 60.0, "speedup": 2.0,
            "roofline_stitch": 0.8, "roofline_jit": 0.4, "kernels_jit": 3, "kernels_stitch": 1,
-           "max_rel_err": 1e-6}
+           "max_rel_err": 1e-6, "jit_spread_pct": 1.5, "stitch_spread_pct": 3.0}
     row.update(kw)
     return row
 
@@ -237,7 +245,8 @@ def test_tables():
     assert "2.00x" in text and "80%" in text and "40%" in text and "3→1" in text and "3→?" in text
     assert "fig7_chain  bfloat16  ERROR: RuntimeError: boom" in text
     cells = [line.split() for line in text.splitlines() if line.startswith(("softmax_fwd", "xent_fwdbwd"))]
-    assert [c[5] for c in cells] == ["118.0", "-"]  # (jax.jit with XLA's Triton flags; not run: "-")
+    assert [c[6] for c in cells] == ["118.0", "-"]  # (jax.jit with XLA's Triton flags; not run: "-")
+    assert [c[5] for c in cells] == ["1.5/3.0", "1.5/3.0"]  # (the repeats' spread, jit/stitch)
     md = bench.format_markdown(rows, meta).splitlines()
     assert md[2].startswith("| workload | dtype | jax.jit µs | jaxstitch µs | speedup |")
     assert all(line.count("|") == len(bench.COLUMNS) + 1 for line in md[2:-2])
@@ -273,5 +282,6 @@ def test_bench_cli_end_to_end(tmp_path):
     data = json.loads(out.read_text())
     (row,) = data["rows"]
     assert row["workload"] == "softmax_fwd" and row["jit_us"] > 0 and row["stitch_us"] > 0
+    assert row["jit_spread_pct"] >= 0 and row["stitch_spread_pct"] >= 0
     assert row["max_rel_err"] < 1e-4
     assert data["meta"]["bandwidth_gbs"] > 0

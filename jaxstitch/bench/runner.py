@@ -6,6 +6,7 @@
 For each workload and dtype both compiled functions run in the same process on the same inputs. A timing
 is the median over `reps` repeats of (wall time of `inner` back-to-back calls ended by one
 `jax.block_until_ready`) / `inner`, after warm-up calls; the two functions' repeats are interleaved.
+The spread column is each function's repeats' interquartile range over their median.
 Each function gets its own `inner`, so that one repeat lasts ~50 ms of its calls: a repeat's fixed
 cost (the first dispatch and the final synchronization, ~0.2 ms) then adds ~1% to a call. (With
 `inner` taken from jax.jit's call, 20 calls of a 88 µs stitched kernel read 99 µs, where a CUPTI
@@ -171,6 +172,13 @@ def time_fn(f, args, reps, inner) -> float:
 def time_fns(fs, args, reps, inners) -> list[float]:
     """`time_fn` of each of `fs` (with its own `inners[i]` calls per repeat), their repeats interleaved
     (order rotating) so drift hits all alike."""
+    return [median for median, _ in timed_spread(fs, args, reps, inners)]
+
+
+def timed_spread(fs, args, reps, inners) -> list[tuple[float, float]]:
+    """(median µs a call, spread %) of each of `fs`, timed as `time_fns` does. The spread is the
+    repeats' interquartile range over their median: robust to the odd repeat a host hiccup slows,
+    and what tells a real difference of two medians from noise."""
     for f in fs:
         _run(f, args, WARMUP_CALLS)
     samples = [[] for _ in fs]
@@ -178,7 +186,15 @@ def time_fns(fs, args, reps, inners) -> list[float]:
         for k in range(len(fs)):
             i = (r + k) % len(fs)
             samples[i].append(_seconds_per_call(fs[i], args, inners[i]))
-    return [statistics.median(s) * 1e6 for s in samples]
+    return [(statistics.median(s) * 1e6, spread_pct(s)) for s in samples]
+
+
+def spread_pct(samples) -> float:
+    """The samples' interquartile range as a percentage of their median (0 for fewer than two)."""
+    if len(samples) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(samples, n=4, method="inclusive")
+    return 100.0 * (q3 - q1) / statistics.median(samples)
 
 
 def pick_inner(f, args, target_s=TARGET_REPEAT_S, max_inner=MAX_INNER) -> int:
@@ -244,7 +260,8 @@ def bench_one(workload, dtype_name, quick, reps, bandwidth, stitch, tunings=(), 
     moved = tree_bytes(args) + tree_bytes(want)
     fns = [xla_f, stitch_f] + [f for _, f, _ in variants] + ([triton_f] if triton_f else [])
     inner = [pick_inner(f, args) for f in fns]
-    xla_us, stitch_us, *rest = time_fns(fns, args, reps, inner)
+    (xla_us, xla_spread), (stitch_us, stitch_spread), *rest = timed_spread(fns, args, reps, inner)
+    rest = [us for us, _ in rest]
     variant_us, triton_us = rest[:len(variants)], (rest[-1] if triton_f else None)
     ideal_us = moved / bandwidth * 1e6
     return {
@@ -253,6 +270,7 @@ def bench_one(workload, dtype_name, quick, reps, bandwidth, stitch, tunings=(), 
         "workload": workload.name, "dtype": dtype_name,
         "shape": list(workload.shape(quick)), "bytes": moved, "inner": inner, "reps": reps,
         "jit_us": xla_us, "stitch_us": stitch_us, "speedup": xla_us / stitch_us, "jit_triton_us": triton_us,
+        "jit_spread_pct": xla_spread, "stitch_spread_pct": stitch_spread,
         "roofline_stitch": ideal_us / stitch_us, "roofline_jit": ideal_us / xla_us,
         "kernels_jit": compiled_kernels(xla_f, args), "kernels_stitch": compiled_kernels(stitch_f, args),
         "max_rel_err": max_rel_err(got, want),
@@ -274,15 +292,17 @@ def _xla_triton(fn, args):
 # Output
 # ----------------------------------------------------------------------------------------------------
 
-COLUMNS = ("workload", "dtype", "jax.jit µs", "jaxstitch µs", "speedup", "jax.jit+Triton µs",
-           "% roofline (stitch)", "% roofline (jit)", "kernels (jit→stitch)", "max rel err")
+COLUMNS = ("workload", "dtype", "jax.jit µs", "jaxstitch µs", "speedup", "spread % (jit/stitch)",
+           "jax.jit+Triton µs", "% roofline (stitch)", "% roofline (jit)", "kernels (jit→stitch)", "max rel err")
 
 
 def _cells(row) -> list[str]:
     kern = lambda k: "?" if k is None else str(k)  # noqa: E731
     triton = row.get("jit_triton_us")
+    spread = (f"{row['jit_spread_pct']:.1f}/{row['stitch_spread_pct']:.1f}"
+              if "jit_spread_pct" in row else "-")  # (rows from before the column: "-")
     return [row["workload"], row["dtype"], f"{row['jit_us']:.1f}", f"{row['stitch_us']:.1f}",
-            f"{row['speedup']:.2f}x", "-" if triton is None else f"{triton:.1f}",
+            f"{row['speedup']:.2f}x", spread, "-" if triton is None else f"{triton:.1f}",
             f"{100 * row['roofline_stitch']:.0f}%", f"{100 * row['roofline_jit']:.0f}%",
             f"{kern(row['kernels_jit'])}→{kern(row['kernels_stitch'])}", f"{row['max_rel_err']:.1e}"]
 
