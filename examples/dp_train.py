@@ -65,13 +65,14 @@ def print_table(title: str, rows) -> None:
     import jax
 
     print(f"\n{title} on {jax.devices()[0].device_kind}")
-    print(f"{'GPUs':>4s} {'jax.jit ms':>11s} {'jaxstitch ms':>13s} {'speedup':>8s} {'host ms':>13s} "
+    print(f"{'GPUs':>4s} {'jax.jit ms':>11s} {'jaxstitch ms':>13s} {'speedup':>8s} {'spread %':>11s} {'host ms':>13s} "
           f"{'collectives jax.jit':>20s} {'jaxstitch':>10s} {'memory-bound kernels':>21s} {'loss diff':>10s}")
     for n, ref, ours, diff, _ in rows:
         cr, co = (" ".join(f"{k[:6]}:{v}" for k, v in r.collectives.items() if v) or "-" for r in (ref, ours))
         kernels = f"{ref.memory_kernels} -> {ours.memory_kernels}"
         host = f"{ref.host_ms:.1f} / {ours.host_ms:.1f}"
-        print(f"{n:4d} {ref.step_ms:11.2f} {ours.step_ms:13.2f} {ref.step_ms / ours.step_ms:7.2f}x {host:>13s} "
+        spread = f"{ref.spread_pct:.1f} / {ours.spread_pct:.1f}"  # (the timed rounds' range over their median)
+        print(f"{n:4d} {ref.step_ms:11.2f} {ours.step_ms:13.2f} {ref.step_ms / ours.step_ms:7.2f}x {spread:>11s} {host:>13s} "
               f"{cr:>20s} {co:>10s} {kernels:>21s} {diff:10.2e}")
     if len(rows) > 1:
         first, last = (r[1].step_ms / r[2].step_ms for r in (rows[0], rows[-1]))

@@ -14,6 +14,7 @@ import functools
 import gc
 import json
 import re
+import statistics
 import sys
 import time
 from typing import Callable
@@ -76,14 +77,21 @@ class Run:
     collectives: dict | None = None
     host_ms: float | None = None  # the timed steps handed to the runtime, before waiting: a step
     # whose host_ms reaches its step_ms is paced by the host, not the GPU
+    round_ms: list[float] = dataclasses.field(default_factory=list)  # ms a step in each timed round
+
+    @property
+    def spread_pct(self) -> float:
+        """The rounds' range over their median: the run-to-run spread of the step time."""
+        return 100 * (max(self.round_ms) - min(self.round_ms)) / self.step_ms if len(self.round_ms) > 1 else 0.0
 
 
 def run(name: str, jit: Callable, step, init: Callable, batch: Callable, steps: int, warm: int = 3,
-        place: Callable = lambda tree, kind: tree) -> Run:
+        place: Callable = lambda tree, kind: tree, rounds: int = 3) -> Run:
     """`steps` train steps from `init()` (graphdef, state) on `batch(i)`. After `warm` steps (the
-    first compiles), the rest are dispatched back to back, as a training loop does, and the step time
-    is their wall time over their number: the host's dispatch overlaps the GPU's work. The garbage
-    collector waits while they run, as under timeit. `place(tree,
+    first compiles), the rest run in `rounds` rounds, each dispatched back to back, as a training
+    loop does, and waited for at its end: a round's step time is its wall time over its steps (the
+    host's dispatch overlaps the GPU's work), and the run's is the rounds' median, with their range
+    as the spread. The garbage collector waits while they run, as under timeit. `place(tree,
     kind)` puts the state (kind "state") and each batch ("batch") on devices (examples/dp_train.py)."""
     graphdef, state = init()
     flat, state = over_leaves(step, graphdef, place(state, "state"))
@@ -101,19 +109,25 @@ def run(name: str, jit: Callable, step, init: Callable, batch: Callable, steps: 
     for b in batches[:warm]:
         loss, state = f(state, b)
         losses.append(float(loss))
+    timed = batches[warm:]
+    n_rounds = max(1, min(rounds, len(timed)))
+    bounds = [round(i * len(timed) / n_rounds) for i in range(n_rounds + 1)]
+    round_ms, host = [], []
     gc.collect()  # (as timeit does: a full collection, ~0.1 s with JAX loaded, would land in
     gc.disable()  # one compiler's timed steps or the other's by chance)
     try:
-        t = time.perf_counter()
-        for b in batches[warm:]:
-            loss, state = f(state, b)
-            losses.append(loss)
-        host_ms = 1e3 * (time.perf_counter() - t) / max(1, steps - warm)
-        jax.block_until_ready((losses, state))
-        step_ms = 1e3 * (time.perf_counter() - t) / max(1, steps - warm)
+        for lo, hi in zip(bounds, bounds[1:]):
+            t = time.perf_counter()
+            for b in timed[lo:hi]:
+                loss, state = f(state, b)
+                losses.append(loss)
+            host.append(1e3 * (time.perf_counter() - t) / max(1, hi - lo))
+            jax.block_until_ready((losses, state))
+            round_ms.append(1e3 * (time.perf_counter() - t) / max(1, hi - lo))
     finally:
         gc.enable()
-    return Run(name, [float(x) for x in losses], step_ms, compile_s, kernels, memory, collectives, host_ms)
+    return Run(name, [float(x) for x in losses], statistics.median(round_ms), compile_s, kernels, memory,
+               collectives, statistics.median(host), round_ms)
 
 
 def loss_diff(losses, reference) -> float:
@@ -137,14 +151,15 @@ def compare(title: str, step, init: Callable, batch: Callable, steps: int, rtol:
     diff = loss_diff(ours.losses, ref.losses)
     ok = diff <= rtol and all(np.isfinite(ours.losses))
     print(f"\n{title} on {jax.devices()[0].device_kind}, {steps} steps")
-    print(f"{'':14s} {'step ms':>9s} {'host ms':>8s} {'compile s':>10s} {'kernels':>8s} {'memory-bound':>13s} "
-          f"{'loss[0]':>9s} {'loss[-1]':>9s}")
+    print(f"{'':14s} {'step ms':>9s} {'spread':>7s} {'host ms':>8s} {'compile s':>10s} {'kernels':>8s} "
+          f"{'memory-bound':>13s} {'loss[0]':>9s} {'loss[-1]':>9s}")
     for r in runs:
         k = "-" if r.kernels is None else str(r.kernels)
         m = "-" if r.memory_kernels is None else str(r.memory_kernels)
-        print(f"{r.name:14s} {r.step_ms:9.2f} {r.host_ms:8.2f} {r.compile_s:10.1f} {k:>8s} {m:>13s} "
-              f"{r.losses[0]:9.4f} {r.losses[-1]:9.4f}")
-    print("(host ms: a step's dispatch by the host; where it reaches the step time, the host sets the pace)")
+        print(f"{r.name:14s} {r.step_ms:9.2f} {r.spread_pct:6.1f}% {r.host_ms:8.2f} {r.compile_s:10.1f} {k:>8s} "
+              f"{m:>13s} {r.losses[0]:9.4f} {r.losses[-1]:9.4f}")
+    print(f"(step ms: the timed rounds' median ({len(ref.round_ms)} rounds), spread: their range over it; "
+          "host ms: a step's dispatch by the host; where it reaches the step time, the host sets the pace)")
     print(f"speedup {ref.step_ms / ours.step_ms:.2f}x; losses: max relative difference {diff:.2e} over "
           f"{steps} steps ({'match' if ok else 'DIFFER'}, tolerance {rtol:g})")
     if json_path:

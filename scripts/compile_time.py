@@ -116,9 +116,9 @@ def child_train(name: str, compiler: str, dtype: str, quick: bool, target: str |
 def child_serve(compiler: str, shapes: list[str], quick: bool, target: str | None) -> dict:
     import jax.numpy as jnp
     import numpy as np
+    import serve
 
     import jaxstitch
-    import serve
     _warm_backend()
     c = serve.QUICK if quick else serve.Config()
     state, infer = serve.make_infer(c)

@@ -376,3 +376,16 @@ def test_training_examples_run_and_match_jax_jit(example):
                                      stitch_jit=functools.partial(jaxstitch.jit, target="h100"))
     import gc
     assert gc.isenabled(), "the harness turns the collector off while timing, and back on after"
+
+
+def test_the_harness_reports_the_rounds_spread():
+    """A run's step time is its rounds' median and its spread their range over it."""
+    pytest.importorskip("optax")
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    import train_harness
+
+    r = train_harness.Run("x", [1.0], 10.0, 1.0, None, None, round_ms=[9.0, 10.0, 12.0])
+    assert r.spread_pct == pytest.approx(30.0)
+    assert train_harness.Run("x", [1.0], 10.0, 1.0, None, None, round_ms=[10.0]).spread_pct == 0.0
