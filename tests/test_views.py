@@ -530,3 +530,59 @@ def test_never_placed_is_a_sound_no(name):
                     place(views.sink(union))
     if name in ("sliced_weight_updates", "rows_of_either"):
         assert refused
+
+
+@pytest.mark.parametrize("name", sorted(UNIONS))
+def test_refused_union_is_a_sound_no(name):
+    """Of every union of two regions, those refused_union refuses from their members' OpsShapes
+    alone (without building the union) fit no kernel: neither a row space nor a tile holds them."""
+    fun, specs = UNIONS[name]
+    flat, tree = jax.tree_util.tree_flatten((tuple(specs), {}))
+    graph = trace_mod.trace(fun, flat, tree).graph
+    target = jaxstitch.TARGETS["h100"]
+    part = partition_mod.partition(graph, fits=lambda r: pipeline._fits_one_kernel(r, target))
+    consumers = partition_mod.consumers_of(graph)
+    refused = 0
+    for i, a in enumerate(part.regions):
+        for b in part.regions[i + 1:]:
+            parts = [partition_mod.ops_shape(list(r.ops), consumers) for r in (a, b)]
+            if views.refused_union(parts):
+                refused += 1
+                ops = sorted((*a.ops, *b.ops), key=lambda op: op.index)
+                assert not pipeline._plans_as_one_kernel(partition_mod.make_region(-1, ops, consumers), target)
+    if name == "sliced_weight_updates":
+        assert refused
+
+
+def test_the_quick_refusal_leaves_the_partition_as_it_was(monkeypatch):
+    """GPT's QUICK bfloat16 train step partitions into the same regions with and without the merge
+    across views' quick refusals (36 of its unions refused that way)."""
+    pytest.importorskip("optax")
+    import dataclasses
+    import importlib
+    import os
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    from jaxstitch import api
+    from jaxstitch.core import config
+
+    gpt = importlib.import_module("gpt_train")
+    c = dataclasses.replace(gpt.QUICK, dtype="bfloat16")
+    graphdef, state = gpt.make_init(c, 0)()
+    dyn, static, tree = api._split_dynamic((graphdef, state, gpt.make_batches(c, 0)(0)), {})
+    seen = []
+    refuses = pipeline._Fits.refuses
+
+    def regions(quick: bool):
+        def refuses_or_not(self, parts):
+            if not quick:
+                return False
+            seen.append(refuses(self, parts))
+            return seen[-1]
+        monkeypatch.setattr(pipeline._Fits, "refuses", refuses_or_not)
+        cfg = config.load()
+        traced = pipeline.traced_with(gpt.train_step, dyn, tree, static, cfg)
+        staged = pipeline.stage(traced, jaxstitch.TARGETS["h200"], cfg)
+        return [tuple(op.index for op in r.ops) for r in staged.partition.regions]
+    assert regions(True) == regions(False)
+    assert sum(seen) > 0

@@ -262,6 +262,10 @@ class _Fits:
             _KEYED.add(prims)
         return _fits_one_kernel(region, self.target, self.strict)
 
+    def refuses(self, parts) -> bool:
+        """The partitioner's quick no for a union it has not built (plan/views.refused_union)."""
+        return views.refused_union(parts)
+
 
 def _remember(region, answer: bool, target: Target):
     """`answer` in _FITS under the region's structure and the target (not where it cannot be hashed)."""

@@ -411,6 +411,19 @@ def _merge_across_views(consumers: dict[int, set[int]], nodes: Nodes, region_ops
     # names its ops; and a refusal stands while they do, as merges elsewhere only coarsen the paths
     # that leave them and come back (GPT: 1,365 path searches refused, most of them repeats).
     refused: set[tuple] = set()
+    refuses = getattr(fits, "refuses", None)  # (a quick, sound no from the members' OpsShapes)
+    shape_of: dict[tuple, OpsShape] = {}  # by (root, ops held)
+
+    def quickly_refused(members) -> bool:
+        if refuses is None:
+            return False
+        parts = []
+        for m in members:
+            held = (m, len(region_ops[m]))
+            if held not in shape_of:
+                shape_of[held] = ops_shape(region_ops[m], consumers)
+            parts.append(shape_of[held])
+        return refuses(parts)
 
     def links():
         made_by = {o.id: root for root, rops in region_ops.items() for op in rops for o in op.outputs}
@@ -432,7 +445,7 @@ def _merge_across_views(consumers: dict[int, set[int]], nodes: Nodes, region_ops
         if key in unfit or not nodes.can_merge_all(members):
             refused.add(held)
             return False
-        if not fits(make_region(-1, merged, consumers)):
+        if quickly_refused(members) or not fits(make_region(-1, merged, consumers)):
             unfit.add(key)
             refused.add(held)
             return False
@@ -459,6 +472,28 @@ def _merge_across_views(consumers: dict[int, set[int]], nodes: Nodes, region_ops
 
 # The program's results count as read by an op no region holds.
 PROGRAM_OUTPUT = -1
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OpsShape:
+    """What a quick refusal of a union of regions needs of each member's ops, known without building
+    the union (plan/views.refused_union, asked through `fits.refuses`)."""
+
+    reduces: bool                    # a reduction or a scan
+    moves: bool                      # a data-moving op other than a transpose
+    results: tuple[int, ...]         # the sizes of the program's results it makes
+    shapes: frozenset                # the shapes of the values it reads and makes
+
+
+def ops_shape(rops: list[ir.Op], consumers: dict[int, set[int]]) -> OpsShape:
+    """A member's OpsShape: made once while the member holds the same ops, so a union's refusal costs
+    its members' few shapes rather than a pass over its hundreds of ops."""
+    values = [a for op in rops for a in (*op.inputs, *op.outputs) if isinstance(a, ir.Value)]
+    return OpsShape(reduces=any(op.prim in opdefs.REDUCTIONS or op.prim in opdefs.SCANS for op in rops),
+                    moves=any(op.prim in opdefs.VIEWS and op.prim != "transpose" for op in rops),
+                    results=tuple(o.size for op in rops for o in op.outputs
+                                  if PROGRAM_OUTPUT in consumers.get(o.id, ())),
+                    shapes=frozenset(v.shape for v in values))
 
 
 def consumers_of(graph: ir.Graph) -> dict[int, set[int]]:
