@@ -62,7 +62,8 @@ def _warm_backend():
 
 
 def _train_step(name: str, dtype: str, quick: bool):
-    """(step over the state's leaves, leaves, batch) for an example's or the zoo's model."""
+    """(step, state, batch, whether the step donates its state) for an example's or the zoo's model:
+    a train step over its state's leaves (as the examples run it), an inference step as it is."""
     import dataclasses
     import importlib
 
