@@ -496,17 +496,15 @@ def never_placed(region: Region) -> bool:
         return False
     sizes = {v.size for v in region.outputs}
     floor = max(sizes, default=0)
-    shapes = {v.shape or (1,) for v in (*region.inputs, *(o for op in region.ops for o in op.outputs))
-              if v.size >= floor} | ({(1,)} if floor <= 1 else set())  # (sinking's new scalars)
+    shapes = _row_spaces((v.shape for v in (*region.inputs, *(o for op in region.ops for o in op.outputs))), floor)
     producer = {o.id: op.prim for op in region.ops for o in op.outputs}
     # (placing reads these as rows x columns: elementwise ops, and views sunk into copies)
     by_rows = opdefs.ELEMENTWISE | opdefs.VIEWS | {"broadcast_in_dim"}
     split = [v.shape for v in region.outputs if producer.get(v.id) in by_rows]
 
     def declares_all(shape) -> bool:
-        n, c = math.prod(shape[:-1]), shape[-1]
-        return (all(s in (1, n, c, n * c) for s in sizes)
-                and all(_splits(s, n) for s in split if math.prod(s) == n * c))
+        return _declares(shape, sizes) and all(_splits(s, math.prod(shape[:-1])) for s in split
+                                               if math.prod(s) == math.prod(shape))
     return bool(shapes) and not any(declares_all(shape) for shape in shapes)
 
 
@@ -523,12 +521,24 @@ def refused_union(parts) -> bool:
     results = [size for p in parts for size in p.results]
     if not results:
         return False
-    floor = max(results)
-    shapes = {shape or (1,) for p in parts for shape in p.shapes if math.prod(shape) >= floor}
+    shapes = _row_spaces((shape for p in parts for shape in p.shapes), max(results))
+    return not any(_declares(shape, results) for shape in shapes)
+
+
+def _row_spaces(shapes, floor: int) -> set[tuple[int, ...]]:
+    """The row spaces placing may take among `shapes`: those of at least `floor` elements (a scalar's
+    as (1,)), and a scalar's where `floor` is 1 or less (sinking makes new scalars)."""
+    out = {shape or (1,) for shape in shapes if math.prod(shape) >= floor}
     if floor <= 1:
-        shapes.add((1,))
-    return not any(all(size in (1, math.prod(shape[:-1]), shape[-1], math.prod(shape)) for size in results)
-                   for shape in shapes)
+        out.add((1,))
+    return out
+
+
+def _declares(shape: tuple[int, ...], sizes) -> bool:
+    """Whether a row space of `shape` declares values of each of `sizes` elements: a row, a column, a
+    scalar or the whole."""
+    n, c = math.prod(shape[:-1]), shape[-1]
+    return all(size in (1, n, c, n * c) for size in sizes)
 
 
 def _splits(shape: tuple[int, ...], n_rows: int) -> bool:
