@@ -42,18 +42,6 @@ SHAPES = ("1x16", "3x77", "8x128", "16x200", "32x384", "64x512")
 # The child process: one compiler, one model
 # ----------------------------------------------------------------------------------------------------
 
-def _backend_compiles():
-    """A list that gathers (module, seconds) of every XLA backend compile from here on."""
-    import jax.monitoring
-    seen = []
-
-    def on_event(event, seconds, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            seen.append((str(kwargs.get("fun_name", "")), seconds))
-    jax.monitoring.register_event_duration_secs_listener(on_event)
-    return seen
-
-
 def _warm_backend():
     """The backend's one-time start (CUDA context, the first tiny compile), paid before any timing."""
     import jax
@@ -91,17 +79,18 @@ def child_train(name: str, compiler: str, dtype: str, quick: bool, target: str |
     import jax
 
     import jaxstitch
+    from jaxstitch.integration.xla_compiles import xla_compiling
     _warm_backend()
     step, state, batch, donate = _train_step(name, dtype, quick)
-    seen = _backend_compiles()
     opts = {"donate_argnums": (0,)} if donate else {}
     f = jax.jit(step, **opts) if compiler == "jax.jit" else jaxstitch.jit(step, guard=False, target=target, **opts)
     before = jaxstitch.cache_stats()
-    t0 = time.perf_counter()
-    lowered = f.lower(state, batch)
-    t1 = time.perf_counter()
-    lowered.compile()
-    t2 = time.perf_counter()
+    with xla_compiling() as seen:  # (XLA's backend compiles in this thread, by jax's own event)
+        t0 = time.perf_counter()
+        lowered = f.lower(state, batch)
+        t1 = time.perf_counter()
+        lowered.compile()
+        t2 = time.perf_counter()
     after = jaxstitch.cache_stats()
     out = {"lower_s": t1 - t0, "compile_s": t2 - t1, "xla_s": sum(s for _, s in seen)}
     record = [r for r in jaxstitch.xla_compiles() if r.build is not None]
@@ -120,6 +109,7 @@ def child_serve(compiler: str, shapes: list[str], quick: bool, target: str | Non
     import serve
 
     import jaxstitch
+    from jaxstitch.integration.xla_compiles import xla_compiling
     _warm_backend()
     c = serve.QUICK if quick else serve.Config()
     state, infer = serve.make_infer(c)
@@ -135,11 +125,11 @@ def child_serve(compiler: str, shapes: list[str], quick: bool, target: str | Non
     for shape in shapes:
         b, s = (int(x) for x in shape.split("x"))
         tokens = jnp.asarray(np.random.default_rng(b * 1000 + s).integers(1, c.vocab, (b, s)), jnp.int32)
-        seen = _backend_compiles()
-        t0 = time.perf_counter()
-        compiled = compile_for(state, tokens)
-        if target is None:  # (a GPU: the first result too)
-            np.asarray(compiled(state, tokens)[0])
+        with xla_compiling() as seen:
+            t0 = time.perf_counter()
+            compiled = compile_for(state, tokens)
+            if target is None:  # (a GPU: the first result too)
+                np.asarray(compiled(state, tokens)[0])
         out["shapes"][shape] = {"first_call_s": time.perf_counter() - t0, "xla_s": sum(x for _, x in seen)}
     out["nvrtc_compiles"] = jaxstitch.cache_stats().nvrtc_compiles - before  # (at the new shapes: none)
     return out
