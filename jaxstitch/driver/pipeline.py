@@ -76,7 +76,7 @@ def compile_region(region, target: Target, cfg: Config) -> Compiled:
     within the cap, 282 us on an H100). The first candidate is a FirstTry where one was made
     (`starting_from`)."""
     compiled, tried, lone = None, [], None
-    start = _first_try_of(region, target, dataclasses.replace(cfg.tuning, max_tpr=_tprs(cfg)[0]))
+    start = _first_try_of(region, target, dataclasses.replace(cfg.tuning, max_tpr=tprs(cfg.tuning.max_tpr)[0]))
     for cand in candidates(region, target, cfg.tuning, first=None if start is None else start.plan):
         if compiled is not None and compiled.spilled:
             m = compiled.plan.kernel.mapping
@@ -382,7 +382,7 @@ def widened(traced: trace_mod.Traced) -> trace_mod.Traced:
 def prefetch(region, target: Target, cfg: Config) -> FirstTry | None:
     """What compile_region tries first, compiling in the background; returned for compile_region to
     start from, None after an error (compile_region plans again, meets it and reports it)."""
-    tuning = dataclasses.replace(cfg.tuning, max_tpr=_tprs(cfg)[0])
+    tuning = dataclasses.replace(cfg.tuning, max_tpr=tprs(cfg.tuning.max_tpr)[0])
     try:
         plan = plan_region(region, target, tuning)
         if not plan.stitched:
@@ -393,11 +393,6 @@ def prefetch(region, target: Target, cfg: Config) -> FirstTry | None:
     if _lines(source) <= MAX_SOURCE_LINES:  # (_compile_plan declines it without compiling)
         cache.prefetch(source.code, target.arch, cfg.cache_dir, cfg.nvrtc_seconds)
     return FirstTry(region=region, target=target, tuning=tuning, plan=plan, source=source)
-
-
-def _tprs(cfg: Config) -> list[int]:
-    """Threads per row compile_region tries, in order."""
-    return tprs(cfg.tuning.max_tpr)
 
 
 def _build(traced: trace_mod.Traced, target: Target, cfg: Config) -> Program:
